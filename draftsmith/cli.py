@@ -1,0 +1,43 @@
+"""The `draftsmith` command: one console script, one verb per stage.
+
+    draftsmith prepare-target smollm2          # convert the embedded GGUF target once
+    draftsmith export --format vllm CKPT OUT   # vLLM-loadable checkpoint, contract-checked
+    draftsmith eval acceptance ...             # real vLLM speculative decoding + baselines
+    draftsmith quickstart                      # the README's main job, end to end
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# verb -> module with a `main(argv)`; imported lazily so `draftsmith --help` never loads torch or vLLM
+VERBS = {
+    "export": ("draftsmith.export.cli", "write a vLLM checkpoint (EAGLE-3 speculators/native dialect) from a training checkpoint"),
+    "eval": ("draftsmith.eval.cli", "measure acceptance in real vLLM speculative decoding (`draftsmith eval acceptance --help`)"),
+    "quickstart": ("draftsmith.quickstart", "install-time main job: prepare, train, export, serve and measure on the embedded default"),
+    "prepare-target": ("draftsmith.prepare", "convert the embedded SmolLM2 GGUF target to a safetensors HF directory"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: draftsmith <verb> [args]", "", "verbs:"]
+    lines += [f"  {verb:<15} {text}" for verb, (_, text) in VERBS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    verb, rest = argv[0], argv[1:]
+    if verb not in VERBS:
+        print(f"draftsmith: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(VERBS[verb][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

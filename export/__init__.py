@@ -1,0 +1,1 @@
+"""Export draft heads in the formats vLLM loads, with contract validation."""

@@ -1,0 +1,232 @@
+"""Write an EAGLE-3 head as a vLLM-loadable directory and check it against the contracts.
+
+Two dialects:
+* speculators (default): `speculators_model_type: eagle3`, a full `transformer_layer_config`, the
+  verifier (target) recorded, tensors `layers.0.*`; `vllm serve <dir>` works from the directory alone.
+* native: `architectures: ["LlamaForCausalLMEagle3"]`, `eagle_config`, tensors `midlayer.*`.
+
+vLLM's loaders skip unknown keys silently, so every write ends with an exact key-set check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftsmith.train.heads.eagle3 import Eagle3Config
+
+SPECULATORS_ARCH = "Eagle3DraftModel"  # as speculators >= 0.9 writes it; vLLM keys on speculators_model_type
+NATIVE_ARCH = "LlamaForCausalLMEagle3"
+LAYER_KEYS = [
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
+]
+
+
+class ExportError(ValueError):
+    """A head that would load in vLLM but serve wrongly (or not load at all)."""
+
+
+def expected_shapes(cfg: Eagle3Config, layer_prefix: str = "layers.0.") -> dict[str, tuple]:
+    """The golden tensor set: name -> shape. Nothing more, nothing less, goes into model.safetensors."""
+    H, hd = cfg.hidden_size, cfg.head_dim
+    shapes = {
+        "fc.weight": (H, len(cfg.aux_layer_ids) * cfg.target_hidden_size),
+        "norm.weight": (H,),
+        "lm_head.weight": (cfg.draft_vocab_size, H),
+        "d2t": (cfg.draft_vocab_size,),
+        "t2d": (cfg.vocab_size,),
+    }
+    layer = {
+        "self_attn.q_proj.weight": (cfg.num_attention_heads * hd, 2 * H),
+        "self_attn.k_proj.weight": (cfg.num_key_value_heads * hd, 2 * H),
+        "self_attn.v_proj.weight": (cfg.num_key_value_heads * hd, 2 * H),
+        "self_attn.o_proj.weight": (H, cfg.num_attention_heads * hd),
+        "mlp.gate_proj.weight": (cfg.intermediate_size, H),
+        "mlp.up_proj.weight": (cfg.intermediate_size, H),
+        "mlp.down_proj.weight": (H, cfg.intermediate_size),
+        "input_layernorm.weight": (H,),
+        "hidden_norm.weight": (H,),
+        "post_attention_layernorm.weight": (H,),
+    }
+    shapes.update({layer_prefix + k: v for k, v in layer.items()})
+    return shapes
+
+
+def transformer_layer_config(cfg: Eagle3Config, dtype: str) -> dict:
+    """A full decoder config for the one draft layer, as vLLM's Llama layer reads it."""
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling:
+        rope.update(cfg.rope_scaling)
+    return {
+        "model_type": "llama",  # vLLM's EAGLE-3 layer is Llama-shaped for llama/qwen/mistral-style targets
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        # both spellings: transformers 5 reads rope_parameters, 4.x reads rope_theta/rope_scaling and would
+        # otherwise fall back to theta 10000 silently
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": dict(rope) if cfg.rope_scaling else None,
+        "rope_parameters": rope,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+    }
+
+
+def speculators_config(cfg: Eagle3Config, verifier: str, k: int, dtype: str) -> dict:
+    return {
+        "architectures": [SPECULATORS_ARCH],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.9.0",
+        "transformer_layer_config": transformer_layer_config(cfg, dtype),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": cfg.norm_before_residual,  # vLLM defaults this to true: always write it
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier, "architectures": list(cfg.target.get("architectures") or [])},
+        },
+        "torch_dtype": dtype,
+    }
+
+
+def native_config(cfg: Eagle3Config, dtype: str) -> dict:
+    out = transformer_layer_config(cfg, dtype)
+    out.update({
+        "architectures": [NATIVE_ARCH],
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": cfg.norm_before_residual,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
+    })
+    return out
+
+
+def check_vocab_maps(d2t: torch.Tensor, t2d: torch.Tensor, cfg: Eagle3Config) -> None:
+    """d2t: int64 offsets [Vd]; t2d: bool [V]; both describe the same sorted set of target ids."""
+    if d2t.dtype != torch.int64:
+        raise ExportError(f"d2t must be int64 offsets, got {d2t.dtype}")
+    if t2d.dtype != torch.bool:
+        raise ExportError(f"t2d must be a bool mask over the target vocab, got {t2d.dtype}")
+    targets = torch.arange(d2t.numel()) + d2t
+    if targets.min() < 0 or targets.max() >= cfg.vocab_size:
+        raise ExportError(f"d2t maps draft ids outside the target vocab [0, {cfg.vocab_size})")
+    if int(t2d.sum()) != cfg.draft_vocab_size or not torch.equal(t2d.nonzero().flatten(), targets):
+        raise ExportError("d2t and t2d disagree: t2d must mark exactly the ascending target ids arange(Vd) + d2t")
+
+
+def check_target(cfg: Eagle3Config, target_config) -> None:
+    """Refuse a head trained for another target: sizes, layer count and aux ids must fit."""
+    problems = []
+    if target_config.vocab_size != cfg.vocab_size:
+        problems.append(f"vocab_size {target_config.vocab_size} != head's {cfg.vocab_size}")
+    if target_config.hidden_size != cfg.target_hidden_size:
+        problems.append(f"hidden_size {target_config.hidden_size} != head's target_hidden_size {cfg.target_hidden_size}")
+    n = target_config.num_hidden_layers
+    if cfg.target.get("num_hidden_layers") not in (None, n):
+        problems.append(f"num_hidden_layers {n} != {cfg.target['num_hidden_layers']} the head was trained on")
+    if max(cfg.aux_layer_ids) >= n:
+        problems.append(f"aux layer ids {cfg.aux_layer_ids} out of range for {n} layers")
+    if problems:
+        raise ExportError("head does not match the target: " + "; ".join(problems))
+
+
+def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
+    """Re-read an exported directory and check every contract; returns its config.json."""
+    out_dir = Path(out_dir)
+    config = json.loads((out_dir / "config.json").read_text())
+    tensors = load_file(out_dir / "model.safetensors")
+    if config.get("speculators_model_type") == "eagle3":
+        layer_cfg, prefix = config["transformer_layer_config"], "layers.0."
+        ids = config["eagle_aux_hidden_state_layer_ids"]
+        k = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        if k < 1:
+            raise ExportError(f"speculative_tokens must be >= 1, got {k}")
+    elif config.get("architectures") == [NATIVE_ARCH]:
+        layer_cfg, prefix = config, "midlayer."
+        ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    else:
+        raise ExportError(f"{out_dir}/config.json is neither an EAGLE-3 speculators nor a native config")
+    if "norm_before_residual" not in config:
+        raise ExportError("norm_before_residual must be written explicitly (vLLM's default differs by dialect)")
+    if len(ids) != len(set(ids)) or len(ids) < 1:
+        raise ExportError(f"aux layer ids {ids} must be distinct (vLLM crashes at start-up otherwise)")
+    cfg = Eagle3Config(
+        hidden_size=layer_cfg["hidden_size"], num_attention_heads=layer_cfg["num_attention_heads"],
+        num_key_value_heads=layer_cfg["num_key_value_heads"], head_dim=layer_cfg["head_dim"],
+        intermediate_size=layer_cfg["intermediate_size"], vocab_size=layer_cfg["vocab_size"],
+        draft_vocab_size=config["draft_vocab_size"], target_hidden_size=config["target_hidden_size"],
+        aux_layer_ids=ids, rms_norm_eps=layer_cfg["rms_norm_eps"], rope_theta=layer_cfg["rope_theta"],
+        max_position_embeddings=layer_cfg["max_position_embeddings"],
+    )
+    want = expected_shapes(cfg, prefix)
+    missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
+    if missing or extra:
+        raise ExportError(f"{out_dir}/model.safetensors key set is wrong: missing {missing}, unexpected {extra}")
+    wrong = {k: (tuple(tensors[k].shape), v) for k, v in want.items() if tuple(tensors[k].shape) != v}
+    if wrong:
+        raise ExportError(f"tensor shapes differ from the config (got, want): {wrong}")
+    check_vocab_maps(tensors["d2t"], tensors["t2d"], cfg)
+    if target_config is not None:
+        check_target(cfg, target_config)
+    return config
+
+
+def export_eagle3(state: dict[str, torch.Tensor], cfg: Eagle3Config, out_dir: str | os.PathLike, *,
+                  verifier: str, dialect: str = "speculators", k: int | None = None,
+                  dtype: str = "float32", target_config=None) -> Path:
+    """Write config.json + model.safetensors atomically, then validate the result."""
+    if dialect not in ("speculators", "native"):
+        raise ExportError(f"unknown dialect {dialect!r} (speculators | native)")
+    if target_config is not None:
+        check_target(cfg, target_config)
+    state = {k_: v for k_, v in state.items() if not k_.startswith("embed_tokens.")}
+    check_vocab_maps(state["d2t"], state["t2d"], cfg)
+    torch_dtype = getattr(torch, dtype)
+    tensors = {}
+    for name, t in state.items():
+        if dialect == "native" and name.startswith("layers.0."):
+            name = "midlayer." + name[len("layers.0."):]
+        tensors[name] = t.detach().to("cpu").contiguous() if not t.is_floating_point() else t.detach().to("cpu", torch_dtype).contiguous()
+    config = (speculators_config(cfg, verifier, k or cfg.ttt_steps, dtype) if dialect == "speculators"
+              else native_config(cfg, dtype))
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-export-", dir=out_dir.parent))
+    try:
+        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (tmp / "draftsmith.json").write_text(json.dumps({"family": "eagle3", "dialect": dialect,
+                                                         "head_config": cfg.to_dict()}, indent=2) + "\n")
+        validate_export(tmp, target_config)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out_dir

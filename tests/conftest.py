@@ -1,0 +1,67 @@
+"""Shared fixtures: a tiny Llama target (built here, seconds on CPU) and the real embedded SmolLM2."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# vLLM on 2 CPU cores: in-process engine, eager, small KV cache (see DESIGN.md "Known traps").
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
+
+
+def build_tiny_llama(vocab_size: int, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **TINY)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The real embedded target, converted once to a safetensors HF dir (cached across runs)."""
+    from draftsmith.assets import prepare_smollm2
+
+    return prepare_smollm2()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A tiny random Llama over a 128-token vocab, for pure tensor tests."""
+    return build_tiny_llama(vocab_size=128)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory, smollm2_dir, tokenizer):
+    """A tiny Llama with SmolLM2's real tokenizer and chat template, saved as an HF dir vLLM can serve."""
+    out = tmp_path_factory.mktemp("tiny_target")
+    model = build_tiny_llama(vocab_size=len(tokenizer))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

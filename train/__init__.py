@@ -1,0 +1,1 @@
+"""Training: the frozen target, data, heads, the TTT unroll and the one loop."""

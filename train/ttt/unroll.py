@@ -69,3 +69,14 @@ def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: 
     row_mask = shift_left(loss_mask, 2).float()  # [B, T]
     run = torch.cumprod(torch.stack(agree, dim=-1), dim=-1).sum(-1)  # [B, T]
     return TTTOutput(total, losses, accs, counts, (run * row_mask).sum(), row_mask.sum())
+
+
+class Unrolled(torch.nn.Module):
+    """The head and its unroll as one forward call, so DDP/FSDP see (and synchronise) a single pass."""
+
+    def __init__(self, head, steps: int, decay: float):
+        super().__init__()
+        self.head, self.steps, self.decay = head, steps, decay
+
+    def forward(self, aux, target_logits, input_ids, loss_mask) -> TTTOutput:
+        return ttt_unroll(self.head, aux, target_logits, input_ids, loss_mask, self.steps, self.decay)

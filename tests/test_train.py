@@ -1,0 +1,124 @@
+"""End to end on a tiny target: train.py runs, checkpoints, resumes exactly, exports; every preset composes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "train" / "run.py"
+
+
+def conversations(n: int) -> list[dict]:
+    topics = ["the sea", "a red fox", "prime numbers", "tea", "the moon", "rivers", "old maps", "bicycles"]
+    out = []
+    for i in range(n):
+        t = topics[i % len(topics)]
+        out.append({"id": f"c{i}", "conversations": [
+            {"from": "human", "value": f"Tell me something about {t}, please ({i})."},
+            {"from": "gpt", "value": f"Here is a fact about {t}: it is often described as remarkable. " * 3},
+            {"from": "human", "value": "And one more?"},
+            {"from": "gpt", "value": f"Another fact: {t} appears in many stories."},
+        ]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in conversations(40)))
+    return path
+
+
+def run_train(tiny_target_dir, data_file, out_dir, *overrides):
+    args = [sys.executable, str(RUN), "conf=eagle3_smollm2", f"target.name_or_path={tiny_target_dir}",
+            "target.hidden_size=128", "target.num_hidden_layers=6", "target.vocab_size=49152",
+            "target.aux_layer_ids=[1,3,4]", f"data.path={data_file}", "data.num_conversations=32", "data.heldout=4",
+            "data.max_length=96", "data.max_tokens_per_batch=512", "data.max_batch_size=4", "head.draft_vocab_size=512",
+            "optim.max_steps=8", "optim.warmup_steps=2", "optim.max_minutes=null", "log_every=1", "eval_every=4",
+            "save_every=4", "keep_checkpoints=3", "eval_batches=1", "wandb.mode=disabled", f"output_dir={out_dir}", *overrides]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=out_dir.parent)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def test_train_checkpoint_resume_is_exact_and_exports(tiny_target_dir, data_file, tmp_path):
+    full = tmp_path / "full"
+    run_train(tiny_target_dir, data_file, full)
+    ckpts = sorted((full / "checkpoints").glob("step_*"))
+    assert [p.name for p in ckpts] == ["step_00000004", "step_00000008"]
+    logs = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in logs if "loss" in r]
+    assert len(losses) == 8 and all(x == x for x in losses)
+    assert any("eval/acc" in r for r in logs)
+    assert (full / "heldout_prompts.jsonl").read_text().count("\n") == 4
+
+    # resume from step 4 in a fresh run dir: the step-8 weights must equal the uninterrupted run's
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(ckpts[0], resumed / "checkpoints" / ckpts[0].name)
+    proc = run_train(tiny_target_dir, data_file, resumed, "resume=auto")
+    assert "resumed from" in proc.stdout
+    a = load_file(full / "checkpoints" / "step_00000008" / "head.safetensors")
+    b = load_file(resumed / "checkpoints" / "step_00000008" / "head.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    start = load_file(ckpts[0] / "head.safetensors")
+    assert not torch.equal(start["fc.weight"], a["fc.weight"])  # it trained
+
+    # export the run dir (latest checkpoint), contract-checked against the tiny target
+    from draftsmith.cli import main
+
+    assert main(["export", "--format", "vllm", str(full), str(tmp_path / "exported")]) == 0
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(tiny_target_dir)
+    assert config["draft_vocab_size"] == 512
+
+
+def test_wrong_target_preset_fails_fast(tiny_target_dir, data_file, tmp_path):
+    args = [sys.executable, str(RUN), "conf=eagle3_smollm2", f"target.name_or_path={tiny_target_dir}",
+            f"data.path={data_file}", f"output_dir={tmp_path / 'x'}", "wandb.mode=disabled"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "not the model this preset describes" in proc.stderr
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (ROOT / "conf" / "conf").glob("*.yaml")))
+def test_every_preset_composes(preset):
+    from hydra import compose, initialize_config_dir
+
+    from draftsmith.train.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"conf={preset}", "head.ttt_steps=2"])
+    assert cfg.head.ttt_steps == 2
+    assert cfg.run_name == preset
+    assert len(cfg.target.aux_layer_ids) == 3
+
+
+def test_llama8b_preset_matches_the_issue():
+    from hydra import compose, initialize_config_dir
+
+    from draftsmith.train.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["conf=eagle3_llama8b"])
+        assert (cfg.target.hidden_size, cfg.target.num_hidden_layers, cfg.target.vocab_size) == (4096, 32, 128256)
+        assert list(cfg.target.aux_layer_ids) == [2, 16, 29]
+        assert (cfg.head.draft_vocab_size, cfg.head.ttt_steps, cfg.head.ttt_decay) == (32000, 7, 0.8)
+        assert cfg.data.max_length == 2048 and cfg.mixed_precision == "bf16"
+        with pytest.raises(Exception, match="tt_steps"):
+            compose(config_name="config", overrides=["conf=eagle3_llama8b", "head.tt_steps=3"])

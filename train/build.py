@@ -1,0 +1,94 @@
+"""Build the pieces a run needs from its config: target, data, draft vocab, head."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from draftsmith.assets import cache_dir, resolve_target
+from draftsmith.train.data.dataset import prepare_data
+from draftsmith.train.data.render import special_ids
+from draftsmith.train.data.vocab import build_draft_vocab
+from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.train.target import Target
+
+
+def target_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":  # bf16 where the accelerator supports it; fp32 on CPU (bf16 matmuls are slow on most CPUs)
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def build_target(cfg, device: torch.device) -> tuple[Target, str]:
+    """Load the frozen target and check it is the model the preset describes."""
+    from transformers import AutoConfig
+
+    path = resolve_target(cfg.name_or_path)
+    tc = AutoConfig.from_pretrained(path)  # check before loading weights: a wrong 70B preset fails in seconds
+    got = {"hidden_size": tc.hidden_size, "num_hidden_layers": tc.num_hidden_layers, "vocab_size": tc.vocab_size}
+    want = {k: cfg[k] for k in got}
+    if got != want:
+        raise ValueError(f"target {cfg.name_or_path!r} is not the model this preset describes: config has {got}, "
+                         f"preset says {want}; fix target.* or pick the right conf=")
+    target = Target.from_pretrained(path, cfg.aux_layer_ids, dtype=target_dtype(cfg.dtype, device))
+    return target, path
+
+
+def build_head(cfg, target: Target, vocab) -> Eagle3Head:
+    if cfg.family != "eagle3":
+        raise ValueError(f"head.family={cfg.family!r}: only eagle3 is implemented")
+    hcfg = Eagle3Config.from_target(target.config, cfg.draft_vocab_size, target.aux_layer_ids,
+                                    ttt_steps=cfg.ttt_steps, norm_before_residual=cfg.norm_before_residual,
+                                    intermediate_size=cfg.intermediate_size)
+    head = Eagle3Head(hcfg)
+    head.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
+    head.set_vocab(vocab.d2t, vocab.t2d)
+    if cfg.init == "target":
+        warm_start(head, target)
+    elif cfg.init != "random":
+        raise ValueError(f"head.init={cfg.init!r}: expected random | target")
+    return head
+
+
+@torch.no_grad()
+def warm_start(head: Eagle3Head, target: Target) -> None:
+    """Start from the target instead of noise: the draft layer copies the target's last decoder layer
+    (its weights read the hidden half of the 2·H input; the embedding half starts at zero), `fc` passes
+    the highest aux state through, and norm/lm_head are the target's final norm and output rows."""
+    H = head.config.hidden_size
+    n_aux = len(head.config.aux_layer_ids)
+    src = target.decoder_layer(target.config.num_hidden_layers - 1)
+    dst = head.layers[0]
+    for name in ("q_proj", "k_proj", "v_proj"):
+        w = getattr(src.self_attn, name).weight.float()  # [out, H]
+        new = torch.zeros_like(getattr(dst.self_attn, name).weight)  # [out, 2H]
+        new[:, H:] = w
+        getattr(dst.self_attn, name).weight.copy_(new)
+    dst.self_attn.o_proj.weight.copy_(src.self_attn.o_proj.weight.float())
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        getattr(dst.mlp, name).weight.copy_(getattr(src.mlp, name).weight.float())
+    dst.hidden_norm.weight.copy_(src.input_layernorm.weight.float())
+    dst.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight.float())
+    fc = torch.zeros_like(head.fc.weight)  # [H, n_aux*H]
+    fc[:, (n_aux - 1) * H:] = torch.eye(H)
+    head.fc.weight.copy_(fc)
+    head.norm.weight.copy_(target.norm.weight.float())
+    head.lm_head.weight.copy_(target.lm_head.weight.float()[head.draft_to_target])
+
+
+def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
+    """Prepared (cached) data plus the draft vocab from its supervised-token counts."""
+    data = prepare_data(cfg.data, tokenizer, cache_dir())
+    pinned = sorted(special_ids(tokenizer))
+    vocab = build_draft_vocab(data.counts, cfg.head.draft_vocab_size, pinned_ids=pinned)
+    coverage = vocab.coverage(data.counts)
+    log(f"data: {len(data.train)} train / {len(data.heldout)} held-out samples, "
+        f"{int(data.counts.sum())} supervised tokens; draft vocab {cfg.head.draft_vocab_size} covers {coverage:.2%}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "heldout_prompts.jsonl", "w") as f:
+        for p in data.heldout_prompts:
+            f.write(json.dumps(p) + "\n")
+    (run_dir / "data_stats.json").write_text(json.dumps({**data.stats, "draft_vocab_coverage": coverage}, indent=2, default=str))
+    return data, vocab

@@ -1,0 +1,378 @@
+"""Read chat conversations (ShareGPT / OpenAI shapes) from JSON, JSONL or HF datasets, normalised.
+
+Every reader yields the same thing: `Conversation(id, messages)` with messages alternating
+user/assistant (an optional system message first), ending on an assistant answer. Records that
+cannot be used are skipped and counted by reason in `ReadStats`; only a missing file or an unknown
+format stops the read.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from tqdm.auto import tqdm
+
+ROLE_MAP = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+CHUNK_CHARS = 1 << 20  # the JSON array is decoded 1 MiB at a time
+MAX_RECORD_CHARS = 256 << 20  # a "record" this large without closing is a broken file, not a long chat
+MAX_EXAMPLES = 5
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file and the record."""
+
+
+@dataclass
+class Conversation:
+    id: str
+    messages: list[dict]
+
+
+@dataclass
+class ReadStats:
+    """What a read saw: records read, kept, skipped by reason, and a few example messages."""
+
+    read: int = 0
+    kept: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    trimmed: dict[str, int] = field(default_factory=dict)  # kept records that lost turns, by reason
+    examples: list[str] = field(default_factory=list)
+    truncated: bool = False  # the JSON array ended mid-record
+
+    def skip(self, reason: str, where: str, detail: str = "") -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(f"{where}: {reason}" + (f" ({detail})" if detail else ""))
+
+    def summary(self) -> str:
+        n_skip = sum(self.skipped.values())
+        parts = [f"read {self.read} records, kept {self.kept}, skipped {n_skip}"]
+        if self.skipped:
+            parts.append("skipped: " + ", ".join(f"{k}={v}" for k, v in sorted(self.skipped.items())))
+        if self.trimmed:
+            parts.append("trimmed: " + ", ".join(f"{k}={v}" for k, v in sorted(self.trimmed.items())))
+        if self.truncated:
+            parts.append("the file ended mid-record (the incomplete last record was dropped)")
+        parts += [f"  e.g. {e}" for e in self.examples]
+        return "\n".join(parts)
+
+
+class _Skip(Exception):
+    """Internal: this record is unusable for `reason`."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
+def _is_utf8(s: str) -> bool:
+    # Undecodable bytes arrive as lone surrogates (surrogateescape), as do "\ud800"-style escapes.
+    try:
+        s.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _raw_messages(rec: Any) -> list[tuple[str, str]]:
+    """(role, content) pairs of one record in either shape, with roles mapped; raises _Skip."""
+    if not isinstance(rec, dict):
+        raise _Skip("not an object", type(rec).__name__)
+    if "conversations" in rec:
+        turns, rkey, ckey = rec["conversations"], "from", "value"
+    elif "messages" in rec:
+        turns, rkey, ckey = rec["messages"], "role", "content"
+    else:
+        raise _Skip("no messages", "expected 'conversations' or 'messages'")
+    if not isinstance(turns, list):
+        raise _Skip("no messages", f"messages are {type(turns).__name__}, not a list")
+    out = []
+    for j, m in enumerate(turns):
+        if not isinstance(m, dict):
+            raise _Skip("bad message", f"message {j} is {type(m).__name__}")
+        role, content = m.get(rkey), m.get(ckey)
+        if role not in ROLE_MAP:
+            raise _Skip("unknown role", f"message {j} role {role!r}")
+        if not isinstance(content, str):
+            raise _Skip("non-string content", f"message {j} content is {type(content).__name__}")
+        if content == "":
+            raise _Skip("empty content", f"message {j}")
+        if not _is_utf8(content):
+            raise _Skip("non-UTF-8 text", f"message {j}")
+        out.append((ROLE_MAP[role], content))
+    return out
+
+
+def normalize(pairs: list[tuple[str, str]], stats: ReadStats | None = None) -> list[dict]:
+    """Alternate user/assistant (optional leading system), ending on an answer; raises _Skip if no exchange."""
+    stats = stats if stats is not None else ReadStats()
+    out: list[dict] = []
+    i = 0
+    if pairs and pairs[0][0] == "system":
+        out.append({"role": "system", "content": pairs[0][1]})
+        i = 1
+    start = i
+    while i < len(pairs) and pairs[i][0] == "assistant":
+        i += 1
+    if i > start:
+        stats.trimmed["leading assistant"] = stats.trimmed.get("leading assistant", 0) + 1
+    expect = "user"
+    for role, content in pairs[i:]:
+        if role != expect:
+            # Two user turns in a row, a mid-chat system turn...: keep the well-formed prefix.
+            stats.trimmed["role order"] = stats.trimmed.get("role order", 0) + 1
+            break
+        out.append({"role": role, "content": content})
+        expect = "assistant" if expect == "user" else "user"
+    if out and out[-1]["role"] == "user":
+        out.pop()  # a question with no answer supervises nothing
+        stats.trimmed["trailing user"] = stats.trimmed.get("trailing user", 0) + 1
+    if not any(m["role"] == "assistant" for m in out):
+        raise _Skip("no exchange", "no user turn followed by an assistant answer")
+    return out
+
+
+def _record_id(rec: Any) -> str | None:
+    if isinstance(rec, dict):
+        for key in ("id", "conversation_id", "uuid"):
+            if rec.get(key) is not None:
+                return str(rec[key])
+    return None
+
+
+def _content_id(messages: list[dict]) -> str:
+    # Records without an id get one from their content, so held-out splits stay order-independent.
+    h = hashlib.sha1(json.dumps(messages, ensure_ascii=False).encode("utf-8")).hexdigest()
+    return "sha1:" + h[:16]
+
+
+def _convert(rec: Any, where: str, stats: ReadStats) -> Conversation | None:
+    stats.read += 1
+    rid = _record_id(rec)
+    if rid is not None:
+        where = f"{where} (id={rid})"
+    try:
+        messages = normalize(_raw_messages(rec), stats)
+    except _Skip as s:
+        stats.skip(s.reason, where, s.detail)
+        return None
+    stats.kept += 1
+    return Conversation(id=rid if rid is not None else _content_id(messages), messages=messages)
+
+
+def resolve_path(path: str) -> Path:
+    """The file behind `path` ("sharegpt" is the embedded ShareGPT_V3 file)."""
+    if path == "sharegpt":
+        from draftsmith.assets import sharegpt_path
+
+        try:
+            return sharegpt_path()
+        except FileNotFoundError as e:
+            raise DataError(f"sharegpt: {e}") from e
+    return Path(path).expanduser()
+
+
+def _first_char(p: Path) -> str:
+    with open(p, "rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")  # a UTF-8 BOM or blank lines may lead
+    return head[:1].decode("ascii", errors="replace")
+
+
+def _iter_json_array(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
+    """Stream the elements of a top-level JSON array with raw_decode; a truncated tail is dropped with a warning."""
+    decoder = json.JSONDecoder()
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+    buf, pos, eof, index = "", 0, False, 0
+    base = 0  # characters dropped from the front of buf so far (for error offsets)
+    total = p.stat().st_size
+    with open(p, "rb") as f, tqdm(total=total, unit="B", unit_scale=True, desc=f"read {p.name}", leave=False) as bar:
+
+        def more() -> bool:
+            nonlocal buf, pos, base
+            raw = f.read(CHUNK_CHARS)
+            bar.update(len(raw))
+            if pos > CHUNK_CHARS:  # drop consumed text so the buffer stays about one record long
+                base += pos
+                buf, pos = buf[pos:], 0
+            buf += utf8.decode(raw, final=not raw)
+            return bool(raw)
+
+        def skip_ws() -> bool:
+            """Advance past whitespace; False at the end of the file."""
+            nonlocal pos, eof
+            while True:
+                while pos < len(buf) and buf[pos] in " \t\r\n\ufeff":
+                    pos += 1
+                if pos < len(buf):
+                    return True
+                if eof or not more():
+                    eof = True
+                    return False
+
+        if not skip_ws() or buf[pos] != "[":
+            raise DataError(f"{p}: expected a JSON array ('[') at the start of the file")
+        pos += 1
+        first = True
+        while True:
+            if not skip_ws():
+                break  # ended between records: the closing ']' is missing
+            if buf[pos] == "]":
+                return
+            if not first:
+                if buf[pos] != ",":
+                    raise DataError(f"{p}:record {index}: expected ',' or ']' at character {base + pos}, "
+                                    f"found {buf[pos]!r}")
+                pos += 1
+                if not skip_ws():
+                    break
+            first = False
+            while True:
+                try:
+                    obj, end = decoder.raw_decode(buf, pos)
+                    break
+                except json.JSONDecodeError as e:
+                    # An incomplete record fails at (or just before) the buffer's end, or inside a long
+                    # string; anything else is a syntax error that more data will not fix.
+                    incomplete = e.msg.startswith("Unterminated string") or e.pos >= len(buf) - 16
+                    if not incomplete:
+                        raise DataError(f"{p}:record {index}: malformed JSON at character "
+                                        f"{base + e.pos}: {e.msg}") from None
+                    if len(buf) - pos > MAX_RECORD_CHARS:
+                        raise DataError(f"{p}:record {index}: record longer than {MAX_RECORD_CHARS} "
+                                        f"characters without closing") from None
+                    if eof or not more():
+                        eof = True
+                        stats.truncated = True
+                        warnings.warn(f"{p}: the file ended mid-record (record {index}); "
+                                      f"kept the {index} complete records before it", stacklevel=3)
+                        return
+            pos = end
+            yield obj, f"{p}:record {index}"
+            index += 1
+    stats.truncated = True
+    warnings.warn(f"{p}: the JSON array is not closed (no ']'); kept the {index} complete records", stacklevel=3)
+
+
+def _iter_jsonl(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
+    """Records of a JSON-lines file; undecodable or malformed lines are counted and skipped."""
+    with open(p, "rb") as f, tqdm(total=p.stat().st_size, unit="B", unit_scale=True,
+                                  desc=f"read {p.name}", leave=False) as bar:
+        for lineno, raw in enumerate(f, start=1):
+            bar.update(len(raw))
+            where = f"{p}:line {lineno}"
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                stats.read += 1
+                stats.skip("non-UTF-8 bytes", where, f"byte {e.start}")
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                stats.read += 1
+                stats.skip("malformed JSON", where, f"column {e.colno}: {e.msg}")
+                continue
+            yield rec, where
+
+
+def _iter_hf(ds: Any, name: str) -> Iterator[tuple[Any, str]]:
+    for i, rec in enumerate(tqdm(ds, desc=f"read {name}", unit="rec", leave=False)):
+        yield rec, f"{name}:record {i}"
+
+
+def _open_hf(path: str) -> tuple[Any, str]:
+    """A datasets.Dataset from `hf:NAME[:SPLIT]` or a save_to_disk directory."""
+    import datasets
+
+    try:
+        if path.startswith("hf:"):
+            name, _, split = path[3:].partition(":")
+            return datasets.load_dataset(name, split=split or "train"), path
+        ds = datasets.load_from_disk(path)
+    except Exception as e:  # hub, network and format errors all mean: cannot read this source
+        raise DataError(f"{path}: cannot load as a HF dataset: {type(e).__name__}: {e}") from e
+    if isinstance(ds, datasets.DatasetDict):
+        split = "train" if "train" in ds else next(iter(ds))
+        return ds[split], f"{path}[{split}]"
+    return ds, path
+
+
+def _records(path: str, stats: ReadStats) -> Iterator[tuple[Any, str]]:
+    if path.startswith("hf:"):
+        ds, name = _open_hf(path)
+        return _iter_hf(ds, name)
+    p = resolve_path(path)
+    if not p.exists():
+        raise DataError(f"{p}: no such file or directory")
+    if p.is_dir():
+        ds, name = _open_hf(str(p))
+        return _iter_hf(ds, name)
+    if p.suffix not in (".json", ".jsonl"):
+        raise DataError(f"{p}: unknown data format (expected .json, .jsonl, a saved HF dataset dir or hf:NAME)")
+    first = _first_char(p)
+    if first == "[":
+        return _iter_json_array(p, stats)
+    if first == "{":  # JSON lines, whatever the extension says (HF's to_json writes these as .json)
+        return _iter_jsonl(p, stats)
+    if first == "":
+        raise DataError(f"{p}: the file is empty")
+    raise DataError(f"{p}: unknown data format: starts with {first!r}, expected '[' or '{{'")
+
+
+def read_conversations(path: str, limit: int | None = None, stats: ReadStats | None = None) -> Iterator[Conversation]:
+    """Yield normalised conversations from `path` ("sharegpt", .json, .jsonl, hf:NAME[:SPLIT] or a dataset dir)."""
+    stats = stats if stats is not None else ReadStats()
+    records = _records(str(path), stats)  # eager: a missing file or unknown format fails at the call
+    return _kept(records, limit, stats)
+
+
+def _kept(records: Iterator[tuple[Any, str]], limit: int | None, stats: ReadStats) -> Iterator[Conversation]:
+    if limit is not None and limit <= 0:
+        return
+    n = 0
+    for rec, where in records:
+        conv = _convert(rec, where, stats)
+        if conv is None:
+            continue
+        yield conv
+        n += 1
+        if limit is not None and n >= limit:
+            return
+
+
+def _rank_key(seed: int, conv_id: str) -> str:
+    return hashlib.sha1(f"{seed}:{conv_id}".encode("utf-8")).hexdigest()
+
+
+def split_heldout(convs: Iterable[Conversation], n_heldout: int, seed: int) -> tuple[list, list]:
+    """(train, heldout): held-out = the ids with the smallest sha1(seed, id); every copy of an id stays on one side."""
+    convs = list(convs)
+    if n_heldout < 0:
+        raise ValueError(f"n_heldout must be >= 0, got {n_heldout}")
+    ids = sorted({c.id for c in convs}, key=lambda i: (_rank_key(seed, i), i))
+    per_id: dict[str, int] = {}
+    for c in convs:
+        per_id[c.id] = per_id.get(c.id, 0) + 1
+    held: set[str] = set()
+    n = 0
+    for i in ids:
+        if n >= n_heldout:
+            break
+        held.add(i)
+        n += per_id[i]  # a duplicated id brings all its copies, so train never sees a held-out id
+    train = [c for c in convs if c.id not in held]
+    heldout = [c for c in convs if c.id in held]
+    return train, heldout

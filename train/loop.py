@@ -1,0 +1,165 @@
+"""The one training loop: batch -> target features (no grad) -> TTT unroll -> loss -> backward -> clip -> step -> log."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from draftsmith.train.checkpoint import load_trainer_state, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from draftsmith.train.data.dataset import collate, make_batches
+from draftsmith.train.ttt.unroll import Unrolled, ttt_unroll
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss went NaN/inf; the last good checkpoint is kept."""
+
+
+def print0(accelerator, *args) -> None:
+    if accelerator.is_main_process:
+        print(*args, flush=True)
+
+
+def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup then cosine decay to min_ratio, as a multiplier of the peak lr."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def epoch_batches(data, cfg, epoch: int, rank: int, world: int) -> list[list[int]]:
+    """This rank's batches (sample indices) for one epoch; deterministic in (seed, epoch)."""
+    lengths = [len(s.input_ids) for s in data.train]
+    batches = make_batches(lengths, cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, cfg.data.seed, epoch)
+    usable = len(batches) // world * world  # every rank takes the same number of steps
+    return batches[rank:usable:world]
+
+
+def step_tokens(batch: dict) -> int:
+    return int(batch["loss_mask"].sum())
+
+
+@torch.no_grad()
+def evaluate(cfg, head, target, samples, device) -> dict:
+    """Per-step accuracy and simulated acceptance length on held-out samples (no grad, fixed order)."""
+    head.eval()
+    sums = {"acc": [0.0] * cfg.head.ttt_steps, "n": [0.0] * cfg.head.ttt_steps, "loss": 0.0, "accept": 0.0, "rows": 0.0}
+    order = make_batches([len(s.input_ids) for s in samples], cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, 0, 0)
+    for idx in order[: cfg.eval_batches]:
+        batch = {k: v.to(device) for k, v in collate([samples[i] for i in idx], target.pad_id).items()}
+        feats = target.features(batch["input_ids"], batch["attention_mask"])
+        out = ttt_unroll(head, feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"],
+                         cfg.head.ttt_steps, cfg.head.ttt_decay)
+        for k in range(cfg.head.ttt_steps):
+            sums["acc"][k] += float(out.accs[k] * out.counts[k])
+            sums["n"][k] += float(out.counts[k])
+        sums["loss"] += float(out.loss)
+        sums["accept"] += float(out.accept_len)
+        sums["rows"] += float(out.rows)
+    head.train()
+    accs = [a / max(n, 1) for a, n in zip(sums["acc"], sums["n"])]
+    return {"eval/acc": accs, "eval/loss": sums["loss"] / max(1, len(order[: cfg.eval_batches])),
+            "eval/sim_accept_len": 1 + sums["accept"] / max(sums["rows"], 1)}
+
+
+def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
+    """Train `head` on `data` against the frozen `target`; returns the final eval metrics."""
+    run_dir = Path(cfg.output_dir)
+    device = accelerator.device
+    target.to(device)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
+    per_epoch = len(epoch_batches(data, cfg, 0, accelerator.process_index, accelerator.num_processes))
+    if per_epoch == 0:
+        raise ValueError(f"no training batches: {len(data.train)} samples for {accelerator.num_processes} processes")
+    total = cfg.optim.max_steps or per_epoch * cfg.optim.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_lambda(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio))
+    model, optimizer = accelerator.prepare(Unrolled(head, cfg.head.ttt_steps, cfg.head.ttt_decay), optimizer)
+    raw = accelerator.unwrap_model(model).head
+
+    step, epoch, cursor, tokens = 0, 0, 0, 0
+    if cfg.resume:
+        ckpt = resolve_checkpoint(run_dir if cfg.resume == "auto" else cfg.resume)
+        state = load_trainer_state(ckpt)
+        from safetensors.torch import load_file
+
+        missing = raw.load_state_dict(load_file(ckpt / "head.safetensors"), strict=False)
+        assert set(missing.missing_keys) <= {"embed_tokens.weight"} and not missing.unexpected_keys, missing
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step, epoch, cursor, tokens = state["step"], state["epoch"], state["cursor"], state["tokens"]
+        set_rng_state(state["rng"])
+        print0(accelerator, f"resumed from {ckpt} at step {step} (epoch {epoch}, batch {cursor})")
+
+    def save(metrics: dict) -> None:
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            meta = {"family": "eagle3", "config": raw.config.to_dict(), "step": step, "tokens": tokens, "metrics": metrics}
+            trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
+                       "epoch": epoch, "cursor": cursor, "tokens": tokens, "rng": rng_state(),
+                       "config": OmegaConf.to_container(cfg, resolve=True)}
+            save_checkpoint(run_dir, step, raw.trainable_state_dict(), meta, trainer, cfg.keep_checkpoints)
+
+    log_path = run_dir / "metrics.jsonl"
+    start, metrics, last_eval = time.time(), {}, {}
+    deadline = start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not accelerator.is_main_process, dynamic_ncols=True)
+    model.train()
+    done = step >= total
+    while not done:
+        batches = epoch_batches(data, cfg, epoch, accelerator.process_index, accelerator.num_processes)
+        while cursor < len(batches) and not done:
+            samples = [data.train[i] for i in batches[cursor]]
+            batch = {k: v.to(device) for k, v in collate(samples, target.pad_id).items()}
+            feats = target.features(batch["input_ids"], batch["attention_mask"])  # no grad: the target is frozen
+            with accelerator.autocast():
+                out = model(feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"])
+            if not torch.isfinite(out.loss):
+                ids = [s.conv_id for s in samples]
+                raise NonFiniteLoss(f"loss is {out.loss.item()} at step {step} (epoch {epoch}, batch {cursor}, "
+                                    f"conversations {ids[:8]}); last good checkpoint kept in {run_dir}/checkpoints")
+            optimizer.zero_grad(set_to_none=True)
+            accelerator.backward(out.loss)
+            grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            step, cursor = step + 1, cursor + 1
+            tokens += step_tokens(batch) * accelerator.num_processes
+            elapsed = time.time() - start
+            done = step >= total or (deadline is not None and time.time() >= deadline)
+            last_step = done
+            if step % cfg.log_every == 0 or last_step:
+                metrics = {"step": step, "epoch": epoch, "tokens": tokens, "loss": out.loss.item(),
+                           "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+                           "acc": [round(a.item(), 4) for a in out.accs], "tok_per_s": tokens / max(elapsed, 1e-9),
+                           "elapsed_s": elapsed}
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}", tok_s=f"{metrics['tok_per_s']:.0f}")
+                if accelerator.is_main_process:
+                    with open(log_path, "a") as f:
+                        f.write(json.dumps(metrics) + "\n")
+                    if tracker:
+                        tracker.log(metrics, step=step)
+            if (cfg.eval_every and step % cfg.eval_every == 0) or last_step:
+                last_eval = evaluate(cfg, raw, target, data.heldout, device) if data.heldout else {}
+                print0(accelerator, f"\n[eval step {step}] acc per step {[round(a, 3) for a in last_eval.get('eval/acc', [])]}, "
+                                    f"simulated accept length {last_eval.get('eval/sim_accept_len', 0):.3f}")
+                if accelerator.is_main_process:
+                    with open(log_path, "a") as f:
+                        f.write(json.dumps({"step": step, **last_eval}) + "\n")
+                    if tracker:
+                        tracker.log(last_eval, step=step)
+            if (cfg.save_every and step % cfg.save_every == 0) or last_step:
+                save({**metrics, **last_eval})
+            bar.update(1)
+        if cursor >= len(batches):
+            epoch, cursor = epoch + 1, 0
+    bar.close()
+    return {**metrics, **last_eval}

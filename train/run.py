@@ -1,0 +1,65 @@
+"""Train a draft head with Hydra + accelerate.
+
+    accelerate launch train/run.py conf=eagle3_smollm2
+    accelerate launch train/run.py conf=eagle3_llama8b head.ttt_steps=3 data.max_length=1024
+    python train/run.py conf=eagle3_smollm2 optim.max_minutes=5 resume=auto
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from draftsmith.train.config import register_configs
+
+register_configs()
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=CONF_DIR).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> dict:
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    from draftsmith.train.build import build_data_and_vocab, build_head, build_target
+    from draftsmith.train.loop import print0, train
+
+    mp = cfg.mixed_precision
+    accelerator = Accelerator(mixed_precision=("bf16" if torch.cuda.is_available() else "no") if mp == "auto" else mp)
+    torch.manual_seed(cfg.seed)
+    run_dir = Path(cfg.output_dir)
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(os.sys.argv)}\n")
+    target, target_path = build_target(cfg.target, accelerator.device)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    data, vocab = build_data_and_vocab(cfg, tokenizer, run_dir, log=lambda *a: print0(accelerator, *a))
+    head = build_head(cfg.head, target, vocab)
+    head.config.target["name_or_path"] = target_path
+    tracker = None
+    if accelerator.is_main_process and cfg.wandb.get("mode", "disabled") != "disabled":
+        import wandb
+
+        tracker = wandb.init(project=cfg.wandb.get("project", "draftsmith"), name=cfg.run_name, dir=str(run_dir),
+                             mode=cfg.wandb["mode"], config=OmegaConf.to_container(cfg, resolve=True))
+    result = train(cfg, head, target, data, accelerator, tracker)
+    if tracker:
+        tracker.finish()
+    return result
+
+
+if __name__ == "__main__":
+    main()

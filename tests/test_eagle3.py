@@ -166,3 +166,28 @@ def test_frozen_embedding_gets_no_gradient(tiny_model):
     ttt_unroll(head, feats.aux, feats.logits, ids, torch.ones_like(ids), 2, 0.8).loss.backward()
     assert head.embed_tokens.weight.grad is None
     assert head.fc.weight.grad is not None and head.fc.weight.grad.abs().sum() > 0
+
+
+def test_restricted_target_logits_equal_the_full_ones(tiny_model):
+    target = Target(tiny_model, [1, 3, 4])
+    ids = torch.randint(0, 128, (2, 10))
+    vocab = torch.tensor([0, 3, 7, 50, 127])
+    full = target.features(ids)
+    sub = target.features(ids, vocab_ids=vocab, full_top=True)
+    torch.testing.assert_close(full.logits, tiny_model(ids).logits)
+    torch.testing.assert_close(sub.logits, full.logits[..., vocab])
+    assert torch.equal(sub.top, full.logits.argmax(-1))
+    torch.testing.assert_close(sub.aux, full.aux)
+
+
+def test_unroll_with_restricted_logits_matches_full(tiny_model):
+    head = tiny_head(tiny_model, draft_vocab_size=32)
+    target = Target(tiny_model, [1, 3, 4])
+    ids = torch.randint(0, 128, (2, 12))
+    mask = torch.ones_like(ids)
+    full = target.features(ids)
+    sub = target.features(ids, vocab_ids=head.draft_to_target, full_top=True)
+    a = ttt_unroll(head, full.aux, full.logits, ids, mask, 3, 0.8)
+    b = ttt_unroll(head, sub.aux, sub.logits, ids, mask, 3, 0.8, sub.top)
+    torch.testing.assert_close(a.loss, b.loss)
+    assert [x.item() for x in a.accs] == [x.item() for x in b.accs]

@@ -52,9 +52,9 @@ def evaluate(cfg, head, target, samples, device) -> dict:
     order = make_batches([len(s.input_ids) for s in samples], cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, 0, 0)
     for idx in order[: cfg.eval_batches]:
         batch = {k: v.to(device) for k, v in collate([samples[i] for i in idx], target.pad_id).items()}
-        feats = target.features(batch["input_ids"], batch["attention_mask"])
+        feats = target.features(batch["input_ids"], batch["attention_mask"], head.draft_to_target, full_top=True)
         out = ttt_unroll(head, feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"],
-                         cfg.head.ttt_steps, cfg.head.ttt_decay)
+                         cfg.head.ttt_steps, cfg.head.ttt_decay, feats.top)
         for k in range(cfg.head.ttt_steps):
             sums["acc"][k] += float(out.accs[k] * out.counts[k])
             sums["n"][k] += float(out.counts[k])
@@ -119,7 +119,8 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         while cursor < len(batches) and not done:
             samples = [data.train[i] for i in batches[cursor]]
             batch = {k: v.to(device) for k, v in collate(samples, target.pad_id).items()}
-            feats = target.features(batch["input_ids"], batch["attention_mask"])  # no grad: the target is frozen
+            # no grad: the target is frozen; logits only over the draft vocab (the loss needs no more)
+            feats = target.features(batch["input_ids"], batch["attention_mask"], raw.draft_to_target)
             with accelerator.autocast():
                 out = model(feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"])
             if not torch.isfinite(out.loss):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -24,7 +25,8 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
 class Features:
     aux: torch.Tensor  # [B, T, n_aux*H] concatenated aux hidden states, low→high
     last: torch.Tensor  # [B, T, H] final post-norm hidden state (MLP speculator input)
-    logits: torch.Tensor  # [B, T, V] target logits; position t predicts token t+1
+    logits: torch.Tensor  # [B, T, V] (or [B, T, Vd] over the draft vocab) target logits; position t predicts t+1
+    top: torch.Tensor | None = None  # [B, T] full-vocab argmax, when logits are restricted and it was asked for
 
 
 class Target(nn.Module):
@@ -66,9 +68,21 @@ class Target(nn.Module):
         return self.model.model.layers[idx]
 
     @torch.no_grad()
-    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Features:
-        """One no-grad forward pass. input_ids: [B, T]."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 vocab_ids: torch.Tensor | None = None, full_top: bool = False) -> Features:
+        """One no-grad forward pass. input_ids: [B, T].
+
+        Args:
+            vocab_ids: if given, logits only over these target ids (the draft vocab): [B, T, Vd]. The lm_head
+                over the full vocab is the target's most expensive matmul at small H, and the loss needs only these.
+            full_top: also return the argmax over the full vocab (exact accuracy when the draft vocab misses tokens).
+        """
+        out = self.model.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                               use_cache=False)
         hs = out.hidden_states  # n+1 tensors [B, T, H]; hs[k] = residual stream entering layer k (vLLM's id k)
         aux = torch.cat([hs[k] for k in self.aux_layer_ids], dim=-1)  # [B, T, 3H]
-        return Features(aux=aux, last=hs[-1], logits=out.logits)  # hs[-1] is post-norm in HF Llama/Qwen
+        last = out.last_hidden_state  # [B, T, H] post final norm
+        weight = self.lm_head.weight  # [V, H]
+        logits = F.linear(last, weight if vocab_ids is None else weight[vocab_ids])  # [B, T, V or Vd]
+        top = F.linear(last, weight).argmax(-1) if full_top and vocab_ids is not None else None  # [B, T]
+        return Features(aux=aux, last=last, logits=logits, top=top)

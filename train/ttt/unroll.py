@@ -34,18 +34,24 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
 
 
 def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: torch.Tensor,
-               loss_mask: torch.Tensor, steps: int, decay: float) -> TTTOutput:
+               loss_mask: torch.Tensor, steps: int, decay: float, target_top: torch.Tensor | None = None) -> TTTOutput:
     """Unroll the head `steps` times on its own hidden outputs and score each step against the target.
 
     Args:
-        aux: [B, T, 3·Ht] target aux states; target_logits: [B, T, V]; input_ids, loss_mask: [B, T].
+        aux: [B, T, 3·Ht] target aux states; input_ids, loss_mask: [B, T].
+        target_logits: [B, T, V] over the target vocab, or [B, T, Vd] already restricted to the draft vocab.
+        target_top: [B, T] the target's full-vocab argmax; if None it is taken from target_logits (within the
+            draft vocab when those are restricted, which over-counts agreement where coverage is below 100%).
     """
     B, T = input_ids.shape
     positions = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
     d2t_ids = head.draft_to_target  # [Vd]
     # restrict and normalise the target once, not per step: [B, T, V] is the largest tensor here
-    target_p = F.softmax(target_logits[..., d2t_ids].float(), dim=-1)  # [B, T, Vd]
-    target_top = target_logits.argmax(-1)  # [B, T] the target's greedy token (full vocab)
+    restricted = target_logits.shape[-1] == d2t_ids.numel() and target_logits.shape[-1] != head.config.vocab_size
+    sub = target_logits if restricted else target_logits[..., d2t_ids]
+    target_p = F.softmax(sub.float(), dim=-1)  # [B, T, Vd]
+    if target_top is None:  # the target's greedy token as a target id
+        target_top = d2t_ids[sub.argmax(-1)] if restricted else target_logits.argmax(-1)  # [B, T]
     hidden = head.fuse(aux)  # [B, T, H]
     cache: list = []
     losses, accs, counts, agree = [], [], [], []
@@ -78,5 +84,5 @@ class Unrolled(torch.nn.Module):
         super().__init__()
         self.head, self.steps, self.decay = head, steps, decay
 
-    def forward(self, aux, target_logits, input_ids, loss_mask) -> TTTOutput:
-        return ttt_unroll(self.head, aux, target_logits, input_ids, loss_mask, self.steps, self.decay)
+    def forward(self, aux, target_logits, input_ids, loss_mask, target_top=None) -> TTTOutput:
+        return ttt_unroll(self.head, aux, target_logits, input_ids, loss_mask, self.steps, self.decay, target_top)

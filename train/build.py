@@ -15,9 +15,21 @@ from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target
 
 
+def fast_bf16(device: torch.device) -> bool:
+    """bf16 where the hardware runs it natively: Ampere+ GPUs, CPUs with AVX512-BF16 or AMX."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    # measured on a 2-core AVX512-BF16 EPYC: bf16 target forward 2.5x, head step 2-3x faster than fp32
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
 def target_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":  # bf16 where the accelerator supports it; fp32 on CPU (bf16 matmuls are slow on most CPUs)
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if name == "auto":
+        return torch.bfloat16 if fast_bf16(device) else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 

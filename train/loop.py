@@ -45,7 +45,7 @@ def step_tokens(batch: dict) -> int:
 
 
 @torch.no_grad()
-def evaluate(cfg, head, target, samples, device) -> dict:
+def evaluate(cfg, head, target, samples, device, autocast) -> dict:
     """Per-step accuracy and simulated acceptance length on held-out samples (no grad, fixed order)."""
     head.eval()
     sums = {"acc": [0.0] * cfg.head.ttt_steps, "n": [0.0] * cfg.head.ttt_steps, "loss": 0.0, "accept": 0.0, "rows": 0.0}
@@ -53,8 +53,9 @@ def evaluate(cfg, head, target, samples, device) -> dict:
     for idx in order[: cfg.eval_batches]:
         batch = {k: v.to(device) for k, v in collate([samples[i] for i in idx], target.pad_id).items()}
         feats = target.features(batch["input_ids"], batch["attention_mask"], head.draft_to_target, full_top=True)
-        out = ttt_unroll(head, feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"],
-                         cfg.head.ttt_steps, cfg.head.ttt_decay, feats.top)
+        with autocast():
+            out = ttt_unroll(head, feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"],
+                             cfg.head.ttt_steps, cfg.head.ttt_decay, feats.top)
         for k in range(cfg.head.ttt_steps):
             sums["acc"][k] += float(out.accs[k] * out.counts[k])
             sums["n"][k] += float(out.counts[k])
@@ -149,7 +150,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
                     if tracker:
                         tracker.log(metrics, step=step)
             if (cfg.eval_every and step % cfg.eval_every == 0) or last_step:
-                last_eval = evaluate(cfg, raw, target, data.heldout, device) if data.heldout else {}
+                last_eval = evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast) if data.heldout else {}
                 print0(accelerator, f"\n[eval step {step}] acc per step {[round(a, 3) for a in last_eval.get('eval/acc', [])]}, "
                                     f"simulated accept length {last_eval.get('eval/sim_accept_len', 0):.3f}")
                 if accelerator.is_main_process:

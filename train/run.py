@@ -33,11 +33,12 @@ def main(cfg: DictConfig) -> dict:
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from draftsmith.train.build import build_data_and_vocab, build_head, build_target
+    from draftsmith.train.build import build_data_and_vocab, build_head, build_target, fast_bf16
     from draftsmith.train.loop import print0, train
 
     mp = cfg.mixed_precision
-    accelerator = Accelerator(mixed_precision=("bf16" if torch.cuda.is_available() else "no") if mp == "auto" else mp)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    accelerator = Accelerator(mixed_precision=("bf16" if fast_bf16(device) else "no") if mp == "auto" else mp)
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
     if accelerator.is_main_process:

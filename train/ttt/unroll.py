@@ -52,7 +52,7 @@ def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: 
     target_p = F.softmax(sub.float(), dim=-1)  # [B, T, Vd]
     if target_top is None:  # the target's greedy token as a target id
         target_top = d2t_ids[sub.argmax(-1)] if restricted else target_logits.argmax(-1)  # [B, T]
-    hidden = head.fuse(aux)  # [B, T, H]
+    hidden = head.fuse(aux.to(head.fc.weight.dtype))  # [B, T, H] (a bf16 target's states into fp32 master weights)
     cache: list = []
     losses, accs, counts, agree = [], [], [], []
     total = aux.new_zeros(())

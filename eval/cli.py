@@ -1,0 +1,125 @@
+r"""`draftsmith eval acceptance`: measure draft acceptance in real vLLM speculative decoding.
+
+    draftsmith eval acceptance --target smollm2 --methods none,ngram,suffix \
+        --prompts ../shared/data/spec_bench_questions.jsonl --num-prompts 20 --k 3 --out runs/acceptance
+    draftsmith eval acceptance --target smollm2 --head mine=exported/eagle3_smollm2 \
+        --prompts ../shared/data/gsm8k_test.jsonl --num-prompts 50 --k 3 --out runs/acceptance_gsm8k
+
+Writes OUT/acceptance.json (every figure, versions, exact speculative configs), OUT/acceptance.md and
+OUT/runs/ (per method: the job, vLLM's log, the generated token ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from draftsmith.eval.acceptance import BASELINES, ENGINE_DEFAULTS, run_acceptance
+from draftsmith.eval.prompts import PromptFileError
+
+
+def _head(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--head wants NAME=DIR, got {text!r}")
+    return name, path
+
+
+def _methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in methods if m not in BASELINES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {bad}; choose from {','.join(BASELINES)} "
+                                         "(EAGLE-3 heads go in --head NAME=DIR)")
+    return methods
+
+
+def rich_table(result: dict):
+    """The result as a rich Table for the console (the markdown twin is `format_table`)."""
+    from rich.table import Table
+
+    def f(x, spec=".2f"):
+        return "—" if x is None else format(x, spec)
+
+    table = Table(title=f"served acceptance, k={result['k']}, {result['num_prompts']} prompts, "
+                        f"max_tokens={result['max_tokens']}, T={result['temperature']}")
+    for col in ("method", "τ", "α", "accept/pos", "tok/step", "tok/s", "speedup", "match none", "gen tok",
+                "gen s", "start s"):
+        table.add_column(col, justify="left" if col in ("method", "accept/pos") else "right")
+    for name, r in result["methods"].items():
+        if r["status"] != "ok":
+            table.add_row(name, f"[red]failed[/]: {r['error'][:60]}")
+            continue
+        pos = r["per_position_acceptance"]
+        table.add_row(name, f(r["mean_acceptance_length"]), f(r["acceptance_rate"]),
+                      "[" + ", ".join(f(p) for p in pos) + "]" if pos else "—",
+                      f(r["tokens_per_target_step"]), f(r["output_tokens_per_s"], ".1f"), f(r["speedup_vs_none"]),
+                      "ref" if name == "none" else f(r["match_vs_none"]), str(r["generated_tokens"]),
+                      f(r["generation_s"], ".1f"), f(r["engine_start_s"], ".1f"))
+    return table
+
+
+def acceptance(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="draftsmith eval acceptance", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="target HF dir or hub id, or `smollm2` (the embedded default)")
+    p.add_argument("--head", type=_head, action="append", default=[], metavar="NAME=DIR",
+                   help="an exported EAGLE-3 head dir to run as method NAME (repeatable)")
+    p.add_argument("--methods", type=_methods, default=list(BASELINES),
+                   help=f"comma-separated built-in methods (default {','.join(BASELINES)}; '' for heads only)")
+    p.add_argument("--prompts", required=True, help="JSONL of {messages}|{prompt}|{turns}|{question}")
+    p.add_argument("--num-prompts", type=int, default=None, help="the first N prompts (default: all)")
+    p.add_argument("--k", type=int, default=3, help="speculative tokens per step")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default=ENGINE_DEFAULTS["dtype"], choices=["float32", "bfloat16", "float16", "auto"])
+    p.add_argument("--ngram-min", type=int, default=ENGINE_DEFAULTS["ngram_min"], help="shortest n-gram looked up")
+    p.add_argument("--ngram-max", type=int, default=ENGINE_DEFAULTS["ngram_max"], help="longest n-gram looked up")
+    p.add_argument("--batch-size", type=int, default=ENGINE_DEFAULTS["batch_size"],
+                   help="prompts per generate call (1 = latency regime)")
+    p.add_argument("--kv-cache-gib", type=int, default=None,
+                   help="VLLM_CPU_KVCACHE_SPACE for each engine (default: the environment's, else 2)")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: longest prompt + max_tokens + k + 1")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OMP_NUM_THREADS per engine (default: the environment's, else 1; reported)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per method before it is killed")
+    p.add_argument("--out", required=True, help="output directory")
+    args = p.parse_args(argv)
+    if args.k < 1 or args.max_tokens < 1:
+        p.error("--k and --max-tokens must be >= 1")
+
+    from rich.console import Console
+
+    try:
+        result = run_acceptance(
+            args.target, args.prompts, args.methods, dict(args.head), k=args.k, max_tokens=args.max_tokens,
+            num_prompts=args.num_prompts, out_dir=args.out, temperature=args.temperature, seed=args.seed,
+            dtype=args.dtype, ngram_min=args.ngram_min, ngram_max=args.ngram_max, batch_size=args.batch_size,
+            kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len, threads=args.threads,
+            timeout_s=args.timeout)
+    except (PromptFileError, FileNotFoundError, ValueError) as e:
+        print(f"draftsmith eval acceptance: {e}", file=sys.stderr)
+        return 2
+    console = Console(width=None if sys.stdout.isatty() else 150)  # logs get the whole table, unwrapped
+    console.print(rich_table(result))
+    console.print(f"wrote {args.out}/acceptance.json and {args.out}/acceptance.md")
+    failed = [n for n, r in result["methods"].items() if r["status"] != "ok"]
+    if failed:
+        console.print(f"[red]failed methods: {', '.join(failed)}[/] (logs under {args.out}/runs/)")
+    return 1 if failed else 0
+
+
+COMMANDS = {"acceptance": acceptance}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: draftsmith eval acceptance [--help] ...\n\n" + (__doc__ or ""), file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

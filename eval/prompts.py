@@ -1,0 +1,93 @@
+"""Benchmark prompts: JSONL in the shapes public sets use, rendered with the target's chat template.
+
+One record per line, any of:
+
+    {"messages": [{"role": "user", "content": "..."}, ...]}   OpenAI roles; trailing assistant turns are dropped
+    {"prompt": "..."}                                          a single user turn
+    {"turns": ["...", "..."]}                                  Spec-Bench / MT-Bench: the first turn
+    {"question": "..."}                                        GSM8K
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be read; the message names the file and line."""
+
+
+def _messages(record: dict) -> list[dict]:
+    """The conversation to answer, from whichever shape the record has."""
+    if "messages" in record:
+        msgs = record["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise ValueError("'messages' must be a non-empty list")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                raise ValueError(f"messages[{i}] must be {{'role': one of {sorted(ROLES)}, 'content': str}}")
+        # A reference answer at the end would be fed to the model as context, not generated: drop it.
+        while msgs and msgs[-1]["role"] == "assistant":
+            msgs = msgs[:-1]
+        if not any(m["role"] == "user" for m in msgs):
+            raise ValueError("'messages' has no user turn to answer")
+        return [{"role": m["role"], "content": m["content"]} for m in msgs]
+    for key in ("prompt", "question"):
+        if key in record:
+            if not isinstance(record[key], str) or not record[key].strip():
+                raise ValueError(f"'{key}' must be a non-empty string")
+            return [{"role": "user", "content": record[key]}]
+    if "turns" in record:
+        turns = record["turns"]
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise ValueError("'turns' must be a non-empty list of strings")
+        return [{"role": "user", "content": turns[0]}]
+    raise ValueError("expected one of the keys 'messages', 'prompt', 'turns', 'question'")
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
+    """Read up to `limit` prompts (the first ones in the file) as `{"messages", "id", "category", "line"}`."""
+    path = Path(path)
+    if not path.is_file():
+        raise PromptFileError(f"{path}: no such prompt file")
+    prompts: list[dict] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if limit is not None and len(prompts) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PromptFileError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(record, dict):
+                raise PromptFileError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+            try:
+                messages = _messages(record)
+            except ValueError as e:
+                raise PromptFileError(f"{path}:{lineno}: {e}") from None
+            prompts.append({
+                "messages": messages,
+                "id": record.get("question_id", record.get("id", lineno)),
+                "category": record.get("category"),
+                "line": lineno,
+            })
+    if not prompts:
+        raise PromptFileError(f"{path}: no prompts found")
+    return prompts
+
+
+def render_prompts(tokenizer, prompts: list[dict]) -> list[list[int]]:
+    """Token ids of each prompt as the server sees it: chat template + generation prompt, no extra BOS."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template")
+    ids = []
+    for p in prompts:
+        text = tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=False)
+        # The template already writes any BOS; add_special_tokens=True would prepend a second one.
+        ids.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    return ids

@@ -1,0 +1,157 @@
+"""One method in one process: build a vLLM engine, generate every prompt, write counters + outputs as JSON.
+
+    python -m draftsmith.eval.vllm_runner JOB.json RESULT.json
+
+The parent (`draftsmith.eval.acceptance`) writes JOB.json and starts one of these per method, so an
+engine never leaks memory into the next and one crash is reported instead of ending the run. Lines
+on stdout that start with `@draftsmith-eval ` are JSON progress events for the parent; everything
+else (vLLM's own logs) goes to the method's log file.
+
+JOB.json: {"name", "target", "speculative_config" (null = no speculation), "prompt_token_ids",
+"sampling": {"temperature", "max_tokens", "seed"}, "engine": {LLM(...) keyword arguments},
+"batch_size", "warmup_tokens"}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from importlib import metadata
+
+EVENT = "@draftsmith-eval "
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "num_accepted_tokens_per_pos",
+}
+
+
+def emit(event: str, **fields) -> None:
+    print(EVENT + json.dumps({"event": event, **fields}), flush=True)
+
+
+def read_spec_counters(llm) -> dict:
+    """The spec-decode counters, summed over label sets (engines); {} when the engine has none."""
+    counters: dict = {}
+    for m in llm.get_metrics():
+        key = SPEC_COUNTERS.get(m.name)
+        if key is None:
+            continue
+        if key == "num_accepted_tokens_per_pos":
+            # a Vector metric: one integer counter per draft position
+            old = counters.get(key, [])
+            vals = [int(v) for v in m.values]
+            width = max(len(old), len(vals))
+            counters[key] = [(old[i] if i < len(old) else 0) + (vals[i] if i < len(vals) else 0) for i in range(width)]
+        else:
+            counters[key] = counters.get(key, 0) + int(m.value)
+    return counters
+
+
+def counter_delta(after: dict, before: dict) -> dict:
+    """after - before, so only the timed generation counts (whatever the engine did at start-up)."""
+    delta = {}
+    for key, value in after.items():
+        prev = before.get(key)
+        if isinstance(value, list):
+            prev = prev or [0] * len(value)
+            delta[key] = [a - b for a, b in zip(value, prev)]
+        else:
+            delta[key] = value - (prev or 0)
+    return delta
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+    import vllm
+
+    out = {"vllm": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    try:  # present only where `suffix` can run
+        out["arctic_inference"] = metadata.version("arctic_inference")
+    except metadata.PackageNotFoundError:
+        out["arctic_inference"] = None
+    return out
+
+
+def run(job: dict) -> dict:
+    t0 = time.perf_counter()
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    import_s = time.perf_counter() - t0
+    emit("imported", seconds=round(import_s, 2))
+
+    t0 = time.perf_counter()
+    llm = LLM(model=job["target"], speculative_config=job["speculative_config"], disable_log_stats=False,
+              **job["engine"])
+    engine_start_s = time.perf_counter() - t0
+    emit("engine_ready", seconds=round(engine_start_s, 2))
+
+    s = job["sampling"]
+    params = SamplingParams(temperature=s["temperature"], max_tokens=s["max_tokens"], seed=s["seed"])
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompt_token_ids"]]
+    batch = max(1, int(job.get("batch_size", 1)))
+
+    if job.get("warmup_tokens"):
+        # One short untimed request first: the first generate() pays one-off set-up (~1 s on CPU) that
+        # would otherwise be billed to the first prompt. Its drafts fall outside the counter difference.
+        warm = TokensPrompt(prompt_token_ids=job["prompt_token_ids"][0][: job["warmup_tokens"]])
+        llm.generate([warm], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+
+    before = read_spec_counters(llm)
+    outputs: list[list[int]] = []
+    finish: list[str | None] = []
+    generation_s = 0.0
+    for start in range(0, len(prompts), batch):
+        t0 = time.perf_counter()
+        results = llm.generate(prompts[start:start + batch], params, use_tqdm=False)
+        generation_s += time.perf_counter() - t0
+        for r in results:
+            outputs.append(list(r.outputs[0].token_ids))
+            finish.append(r.outputs[0].finish_reason)
+        emit("progress", done=len(outputs), total=len(prompts), tokens=sum(map(len, outputs)),
+             seconds=round(generation_s, 2))
+    after = read_spec_counters(llm)
+
+    return {
+        "name": job["name"],
+        "versions": versions(),
+        "import_s": import_s,
+        "engine_start_s": engine_start_s,
+        "generation_s": generation_s,
+        "counters_at_start": before,
+        "counters": counter_delta(after, before),
+        "prompt_tokens": sum(map(len, job["prompt_token_ids"])),
+        "generated_tokens": sum(map(len, outputs)),
+        "output_token_ids": outputs,
+        "finish_reasons": finish,
+        "torch_threads": torch.get_num_threads(),
+        "env": {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE",
+                                               "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LD_PRELOAD")},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m draftsmith.eval.vllm_runner JOB.json RESULT.json", file=sys.stderr)
+        return 2
+    job_path, result_path = argv
+    with open(job_path, encoding="utf-8") as f:
+        job = json.load(f)
+    result = run(job)
+    tmp = result_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    os.replace(tmp, result_path)  # the parent never reads a half-written result
+    emit("done", generated_tokens=result["generated_tokens"], seconds=round(result["generation_s"], 2))
+    return 0
+
+
+if __name__ == "__main__":  # required: vLLM may spawn processes that re-import this module
+    sys.exit(main())

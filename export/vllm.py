@@ -41,9 +41,10 @@ def expected_shapes(cfg: Eagle3Config, layer_prefix: str = "layers.0.") -> dict[
         "fc.weight": (H, len(cfg.aux_layer_ids) * cfg.target_hidden_size),
         "norm.weight": (H,),
         "lm_head.weight": (cfg.draft_vocab_size, H),
-        "d2t": (cfg.draft_vocab_size,),
-        "t2d": (cfg.vocab_size,),
     }
+    if cfg.draft_vocab_size != cfg.vocab_size:
+        # vLLM 0.32 builds no draft_id_to_target_id for a full-vocab head and fails to load a d2t it cannot place
+        shapes.update({"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)})
     layer = {
         "self_attn.q_proj.weight": (cfg.num_attention_heads * hd, 2 * H),
         "self_attn.k_proj.weight": (cfg.num_key_value_heads * hd, 2 * H),
@@ -190,7 +191,8 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     wrong = {k: (tuple(tensors[k].shape), v) for k, v in want.items() if tuple(tensors[k].shape) != v}
     if wrong:
         raise ExportError(f"tensor shapes differ from the config (got, want): {wrong}")
-    check_vocab_maps(tensors["d2t"], tensors["t2d"], cfg)
+    if "d2t" in want:
+        check_vocab_maps(tensors["d2t"], tensors["t2d"], cfg)
     if target_config is not None:
         check_target(cfg, target_config)
     return config
@@ -206,6 +208,8 @@ def export_eagle3(state: dict[str, torch.Tensor], cfg: Eagle3Config, out_dir: st
         check_target(cfg, target_config)
     state = {k_: v for k_, v in state.items() if not k_.startswith("embed_tokens.")}
     check_vocab_maps(state["d2t"], state["t2d"], cfg)
+    if cfg.draft_vocab_size == cfg.vocab_size:  # identity map: vLLM wants no d2t/t2d for a full-vocab head
+        state = {k_: v for k_, v in state.items() if k_ not in ("d2t", "t2d")}
     torch_dtype = getattr(torch, dtype)
     tensors = {}
     for name, t in state.items():

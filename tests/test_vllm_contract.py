@@ -98,3 +98,20 @@ def test_export_refuses_mismatched_target_and_bad_maps(tiny_setup, tmp_path):
     config = validate_export(dirs["speculators"], model.config)
     assert config["eagle_aux_hidden_state_layer_ids"] == AUX
     assert config["norm_before_residual"] is False
+
+
+def test_full_vocab_head_exports_without_maps_and_serves(tiny_target_dir, tmp_path):
+    """A head over the whole target vocab carries no d2t/t2d (vLLM 0.32 cannot load them) and still serves."""
+    from transformers import AutoConfig
+
+    tc = AutoConfig.from_pretrained(tiny_target_dir)
+    cfg = Eagle3Config.from_target(tc, tc.vocab_size, AUX, ttt_steps=3)
+    head = Eagle3Head(cfg)
+    out = export_eagle3(head.trainable_state_dict(), cfg, tmp_path / "full", verifier=str(tiny_target_dir), k=3,
+                        target_config=tc)
+    from safetensors.torch import load_file
+
+    assert "d2t" not in load_file(out / "model.safetensors")
+    got = probe(tiny_target_dir, out, [1, 422, 1520, 314, 253], tmp_path)
+    assert got["metrics"]["vllm:spec_decode_num_drafts"] > 0
+    assert got["draft_logits"].shape[-1] == tc.vocab_size

@@ -11,6 +11,7 @@ import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # the in-process CPU engine loop fights a second OpenMP thread
 
 CAPTURE: dict = {}
 

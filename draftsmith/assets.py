@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from draftsmith.atomic import atomic_dir
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -66,14 +66,10 @@ def prepare_smollm2(out_dir: str | os.PathLike | None = None, force: bool = Fals
     clean = LlamaForCausalLM(type(model.config).from_dict(cfg))
     clean.load_state_dict(model.state_dict(), strict=True)
     clean.generation_config.eos_token_id = tok.eos_token_id
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
-    clean.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "draftsmith_source.json").write_text(json.dumps({"gguf": str(gguf), "name": SMOLLM2_NAME}) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)  # atomic: a killed conversion never leaves a half-written target
+    with atomic_dir(out) as tmp:  # a killed conversion never leaves a half-written target
+        clean.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "draftsmith_source.json").write_text(json.dumps({"gguf": str(gguf), "name": SMOLLM2_NAME}) + "\n")
     return out
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftsmith.atomic import atomic_dir
 from draftsmith.train.heads.eagle3 import Eagle3Config
 
 SPECULATORS_ARCH = "Eagle3DraftModel"  # as speculators >= 0.9 writes it; vLLM keys on speculators_model_type
@@ -219,18 +218,10 @@ def export_eagle3(state: dict[str, torch.Tensor], cfg: Eagle3Config, out_dir: st
     config = (speculators_config(cfg, verifier, k or cfg.ttt_steps, dtype) if dialect == "speculators"
               else native_config(cfg, dtype))
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-export-", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir) as tmp:
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "draftsmith.json").write_text(json.dumps({"family": "eagle3", "dialect": dialect,
                                                          "head_config": cfg.to_dict()}, indent=2) + "\n")
-        validate_export(tmp, target_config)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        validate_export(tmp, target_config)  # an export that fails its own contract never replaces a good one
     return out_dir

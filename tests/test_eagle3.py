@@ -7,6 +7,8 @@ from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target, default_aux_layer_ids
 from draftsmith.train.ttt.unroll import ttt_unroll
 
+from reference import single_query_step
+
 
 def tiny_head(model, draft_vocab_size=32, seed=0, **kw):
     torch.manual_seed(seed)
@@ -76,42 +78,11 @@ def incremental_reference(head, aux, ids, steps):
             tok = padded[:, j + 1 + s:j + 2 + s]
             # run the layer on one query with keys [context rows | own draft keys]
             q_cache = step_cache + own
-            hs = _single_query_step(head, tok, torch.full((B, 1), j + s), prev, q_cache)
+            hs = single_query_step(head, tok, torch.full((B, 1), j + s), prev, q_cache)
             own = q_cache[1:]
             out[s, :, j] = hs[:, 0]
             prev = hs
     return out
-
-
-def _single_query_step(head, tok, pos, prev, cache):
-    """One draft position (a single query) with explicit full attention over the keys in `cache` + its own."""
-    import math
-
-    import torch.nn.functional as F
-
-    from draftsmith.train.heads.eagle3 import apply_rope, rope_cos_sin
-
-    layer, attn = head.layers[0], head.layers[0].self_attn
-    residual = prev
-    hidden = layer.hidden_norm(prev)
-    if layer.norm_before_residual:
-        residual = hidden
-    x = torch.cat([layer.input_layernorm(head.embed_tokens(tok)), hidden], dim=-1)
-    B = x.shape[0]
-    q = attn.q_proj(x).view(B, 1, attn.nh, attn.hd).transpose(1, 2)
-    k = attn.k_proj(x).view(B, 1, attn.nkv, attn.hd).transpose(1, 2)
-    v = attn.v_proj(x).view(B, 1, attn.nkv, attn.hd).transpose(1, 2)
-    cos, sin = rope_cos_sin(pos, attn.hd, attn.theta, q.dtype)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    rep = attn.nh // attn.nkv
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    cache.append((k, v))
-    K = torch.cat([c[0] for c in cache], dim=2)
-    Vv = torch.cat([c[1] for c in cache], dim=2)
-    p = F.softmax((q @ K.transpose(-1, -2)) / math.sqrt(attn.hd), dim=-1)
-    o = attn.o_proj((p @ Vv).transpose(1, 2).reshape(B, 1, -1))
-    residual = residual + o
-    return residual + layer.mlp(layer.post_attention_layernorm(residual))
 
 
 @pytest.mark.parametrize("norm_before_residual", [False, True])

@@ -12,6 +12,8 @@ from draftsmith.export.vllm import ExportError, export_eagle3, validate_export
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target
 
+from reference import single_query_step
+
 pytestmark = pytest.mark.slow
 PROBE = Path(__file__).with_name("vllm_probe.py")
 AUX = [1, 3, 4]
@@ -64,24 +66,37 @@ def test_exported_head_serves_and_matches_training(tiny_setup, tiny_target_dir, 
     assert fc_in.shape == (len(prompt), 3 * model.config.hidden_size)
     torch.testing.assert_close(fc_in, feats.aux[0], atol=1e-4, rtol=1e-4)
 
-    # 2. the first draft distribution vLLM computes == our head's step 0 at the last prefill row
+    # 2. the draft distributions vLLM computes in the first round == our head's TTT steps 0, 1, 2 at the last
+    #    prefill row, each step fed the previous step's greedy draft token (as vLLM feeds it)
     first = got["generated"][0]
+    calls = got["draft_logits_calls"]
+    d2t_ids = head.draft_to_target
     ids = torch.tensor([prompt + [first]])
+    n = len(prompt)
     with torch.no_grad():
         f = Target(model, AUX).features(ids)
         cache = []
-        h = head(ids[:, 1:], torch.arange(len(prompt))[None], head.fuse(f.aux[:, :-1]), cache)
-        ours = head.logits(h)[0, -1]  # [Vd]
-    theirs = got["draft_logits"][-1]  # [V], -inf outside the draft vocab
-    d2t_ids = head.draft_to_target
-    assert torch.isinf(theirs[~head.t2d]).all()
-    torch.testing.assert_close(theirs[d2t_ids], ours, atol=2e-3, rtol=2e-3)
+        h = head(ids[:, 1:], torch.arange(n)[None], head.fuse(f.aux[:, :-1]), cache)  # step 0 over rows 0..n-1
+        for step in range(3):
+            ours = head.logits(h)[0, -1]  # [Vd]
+            theirs = calls[step][-1]  # [V], -inf outside the draft vocab
+            assert torch.isinf(theirs[~head.t2d]).all()
+            torch.testing.assert_close(theirs[d2t_ids], ours, atol=2e-3, rtol=2e-3, msg=f"draft step {step}")
+            token = d2t_ids[ours.argmax()].view(1, 1)  # vLLM feeds back its greedy draft token
+            # one more TTT step at the last row only: its keys are the step-0 rows plus its own earlier steps
+            h = _ttt_step_last_row(head, token, n + step, h[:, -1:], cache)
 
     # 3. speculative decoding really ran: drafts were proposed and counted
     m = got["metrics"]
     assert m["vllm:spec_decode_num_drafts"] > 0
     assert m["vllm:spec_decode_num_draft_tokens"] == 3 * m["vllm:spec_decode_num_drafts"]
     assert 0 <= m["vllm:spec_decode_num_accepted_tokens"] <= m["vllm:spec_decode_num_draft_tokens"]
+
+
+def _ttt_step_last_row(head, token, position, prev, cache):
+    """The unroll's step k for the last row alone: every step-0 key plus this row's own later keys."""
+    cache[:] = [cache[0]] + [(k[..., -1:, :], v[..., -1:, :]) for k, v in cache[1:]]
+    return single_query_step(head, token, torch.tensor([[position]]), prev, cache)
 
 
 def test_export_refuses_mismatched_target_and_bad_maps(tiny_setup, tmp_path):
@@ -114,4 +129,4 @@ def test_full_vocab_head_exports_without_maps_and_serves(tiny_target_dir, tmp_pa
     assert "d2t" not in load_file(out / "model.safetensors")
     got = probe(tiny_target_dir, out, [1, 422, 1520, 314, 253], tmp_path)
     assert got["metrics"]["vllm:spec_decode_num_drafts"] > 0
-    assert got["draft_logits"].shape[-1] == tc.vocab_size
+    assert got["draft_logits_calls"][0].shape[-1] == tc.vocab_size

@@ -2,7 +2,7 @@
 
 Usage: python tests/vllm_probe.py TARGET_DIR HEAD_DIR PROMPT_IDS_JSON OUT.pt
 Saves: the first fc input vLLM builds from the target's aux states ([N, 3H], the prefill rows), the
-first draft logits row vLLM computes, generated token ids, and the spec-decode counters.
+draft logits of each draft step of the first speculation round, generated token ids, and the spec-decode counters.
 """
 
 import json
@@ -27,7 +27,7 @@ def install_hooks(worker):
 
     def compute_logits(hidden_states):
         out = original(hidden_states)
-        CAPTURE.setdefault("draft_logits", out.detach().clone())
+        CAPTURE.setdefault("draft_logits_calls", []).append(out.detach().clone())  # step 0, step 1, ...
         return out
 
     drafter.compute_logits = compute_logits

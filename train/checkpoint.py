@@ -10,12 +10,13 @@ import json
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from draftsmith.atomic import atomic_dir
 
 
 def rng_state() -> dict:
@@ -45,20 +46,11 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def save_checkpoint(run_dir, step: int, head_state: dict, head_meta: dict, trainer_state: dict, keep: int) -> Path:
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    try:
+    final = Path(run_dir) / "checkpoints" / f"step_{step:08d}"
+    with atomic_dir(final) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, tmp / "head.safetensors")
         (tmp / "head.json").write_text(json.dumps(head_meta, indent=2) + "\n")
         torch.save(trainer_state, tmp / "trainer.pt")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old)
     return final

@@ -16,23 +16,20 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@contextmanager
 def stage(name: str, timings: dict):
-    class _Stage:
-        def __enter__(self):
-            print(f"\n=== {name} ===", flush=True)
-            self.t = time.time()
-
-        def __exit__(self, *exc):
-            timings[name] = round(time.time() - self.t, 1)
-            if exc[0] is None:
-                print(f"=== {name}: {timings[name]:.0f} s ===", flush=True)
-
-    return _Stage()
+    """Print a banner around one stage and record its wall time in `timings`."""
+    print(f"\n=== {name} ===", flush=True)
+    start = time.time()
+    yield
+    timings[name] = round(time.time() - start, 1)
+    print(f"=== {name}: {timings[name]:.0f} s ===", flush=True)
 
 
 def main(argv: list[str]) -> int:

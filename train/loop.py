@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from tqdm.auto import tqdm
 
 from draftsmith.train.checkpoint import load_trainer_state, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from draftsmith.train.data.dataset import collate, make_batches
@@ -38,10 +39,6 @@ def epoch_batches(data, cfg, epoch: int, rank: int, world: int) -> list[list[int
     batches = make_batches(lengths, cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, cfg.data.seed, epoch)
     usable = len(batches) // world * world  # every rank takes the same number of steps
     return batches[rank:usable:world]
-
-
-def step_tokens(batch: dict) -> int:
-    return int(batch["loss_mask"].sum())
 
 
 @torch.no_grad()
@@ -110,8 +107,6 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     log_path = run_dir / "metrics.jsonl"
     start, metrics, last_eval = time.time(), {}, {}
     deadline = start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not accelerator.is_main_process, dynamic_ncols=True)
     model.train()
     done = step >= total
@@ -134,10 +129,9 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             optimizer.step()
             scheduler.step()
             step, cursor = step + 1, cursor + 1
-            tokens += step_tokens(batch) * accelerator.num_processes
+            tokens += int(batch["loss_mask"].sum()) * accelerator.num_processes  # supervised tokens
             elapsed = time.time() - start
-            done = step >= total or (deadline is not None and time.time() >= deadline)
-            last_step = done
+            last_step = done = step >= total or (deadline is not None and time.time() >= deadline)
             if step % cfg.log_every == 0 or last_step:
                 metrics = {"step": step, "epoch": epoch, "tokens": tokens, "loss": out.loss.item(),
                            "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),

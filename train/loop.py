@@ -11,7 +11,8 @@ import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from draftsmith.train.checkpoint import load_trainer_state, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from draftsmith.train.checkpoint import (load_head, load_trainer_state, resolve_checkpoint, rng_state, save_checkpoint,
+                                         set_rng_state)
 from draftsmith.train.data.dataset import collate, make_batches
 from draftsmith.train.ttt.unroll import Unrolled, ttt_unroll
 
@@ -85,9 +86,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     if cfg.resume:
         ckpt = resolve_checkpoint(run_dir if cfg.resume == "auto" else cfg.resume)
         state = load_trainer_state(ckpt)
-        from safetensors.torch import load_file
-
-        missing = raw.load_state_dict(load_file(ckpt / "head.safetensors"), strict=False)
+        missing = raw.load_state_dict(load_head(ckpt)[1], strict=False)
         assert set(missing.missing_keys) <= {"embed_tokens.weight"} and not missing.unexpected_keys, missing
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -104,7 +103,13 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
                        "config": OmegaConf.to_container(cfg, resolve=True)}
             save_checkpoint(run_dir, step, raw.trainable_state_dict(), meta, trainer, cfg.keep_checkpoints)
 
-    log_path = run_dir / "metrics.jsonl"
+    def log(record: dict) -> None:
+        if accelerator.is_main_process:
+            with open(run_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            if tracker:
+                tracker.log(record, step=step)
+
     start, metrics, last_eval = time.time(), {}, {}
     deadline = start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
     bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not accelerator.is_main_process, dynamic_ncols=True)
@@ -138,20 +143,12 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
                            "acc": [round(a.item(), 4) for a in out.accs], "tok_per_s": tokens / max(elapsed, 1e-9),
                            "elapsed_s": elapsed}
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}", tok_s=f"{metrics['tok_per_s']:.0f}")
-                if accelerator.is_main_process:
-                    with open(log_path, "a") as f:
-                        f.write(json.dumps(metrics) + "\n")
-                    if tracker:
-                        tracker.log(metrics, step=step)
+                log(metrics)
             if (cfg.eval_every and step % cfg.eval_every == 0) or last_step:
                 last_eval = evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast) if data.heldout else {}
                 print0(accelerator, f"\n[eval step {step}] acc per step {[round(a, 3) for a in last_eval.get('eval/acc', [])]}, "
                                     f"simulated accept length {last_eval.get('eval/sim_accept_len', 0):.3f}")
-                if accelerator.is_main_process:
-                    with open(log_path, "a") as f:
-                        f.write(json.dumps({"step": step, **last_eval}) + "\n")
-                    if tracker:
-                        tracker.log(last_eval, step=step)
+                log({"step": step, **last_eval})
             if (cfg.save_every and step % cfg.save_every == 0) or last_step:
                 save({**metrics, **last_eval})
             bar.update(1)

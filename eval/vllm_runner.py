@@ -9,7 +9,7 @@ else (vLLM's own logs) goes to the method's log file.
 
 JOB.json: {"name", "target", "speculative_config" (null = no speculation), "prompt_token_ids",
 "sampling": {"temperature", "max_tokens", "seed"}, "engine": {LLM(...) keyword arguments},
-"batch_size", "warmup_tokens"}.
+"batch_size", "warmup_tokens", "stream_outputs" (emit each batch's token ids as an `outputs` event)}.
 """
 
 from __future__ import annotations
@@ -114,6 +114,8 @@ def run(job: dict) -> dict:
         for r in results:
             outputs.append(list(r.outputs[0].token_ids))
             finish.append(r.outputs[0].finish_reason)
+        if job.get("stream_outputs"):  # the parent saves each batch as it lands (resumable regeneration)
+            emit("outputs", start=start, token_ids=outputs[start:], finish_reasons=finish[start:])
         emit("progress", done=len(outputs), total=len(prompts), tokens=sum(map(len, outputs)),
              seconds=round(generation_s, 2))
     after = read_spec_counters(llm)

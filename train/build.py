@@ -49,8 +49,10 @@ def build_target(cfg, device: torch.device) -> tuple[Target, str]:
 
 
 def build_head(cfg, target: Target, vocab) -> Eagle3Head:
+    if cfg.family == "mlp_speculator":
+        return build_mlp_speculator(cfg, target)
     if cfg.family != "eagle3":
-        raise ValueError(f"head.family={cfg.family!r}: only eagle3 is implemented")
+        raise ValueError(f"head.family={cfg.family!r}: expected eagle3 | mlp_speculator")
     hcfg = Eagle3Config.from_target(target.config, cfg.draft_vocab_size, target.aux_layer_ids,
                                     ttt_steps=cfg.ttt_steps, norm_before_residual=cfg.norm_before_residual,
                                     intermediate_size=cfg.intermediate_size)
@@ -59,9 +61,22 @@ def build_head(cfg, target: Target, vocab) -> Eagle3Head:
     head.set_vocab(vocab.d2t, vocab.t2d)
     if cfg.init == "target":
         warm_start(head, target)
+    elif cfg.init == "output":
+        warm_start_output(head, target)
     elif cfg.init != "random":
-        raise ValueError(f"head.init={cfg.init!r}: expected random | target")
+        raise ValueError(f"head.init={cfg.init!r}: expected random | output | target")
     return head
+
+
+@torch.no_grad()
+def warm_start_output(head: Eagle3Head, target: Target) -> None:
+    """Only the output side from the target: final norm and the lm_head rows of the draft vocab.
+
+    The draft's last hidden state then lives where the target's does, and every draft token starts with
+    the target's own output embedding instead of noise; the layer and fc learn from scratch.
+    """
+    head.norm.weight.copy_(target.norm.weight.float())
+    head.lm_head.weight.copy_(target.lm_head.weight.float()[head.draft_to_target])
 
 
 @torch.no_grad()
@@ -86,8 +101,7 @@ def warm_start(head: Eagle3Head, target: Target) -> None:
     fc = torch.zeros_like(head.fc.weight)  # [H, n_aux*H]
     fc[:, (n_aux - 1) * H:] = torch.eye(H)
     head.fc.weight.copy_(fc)
-    head.norm.weight.copy_(target.norm.weight.float())
-    head.lm_head.weight.copy_(target.lm_head.weight.float()[head.draft_to_target])
+    warm_start_output(head, target)
 
 
 def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
@@ -104,3 +118,38 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
             f.write(json.dumps(p) + "\n")
     (run_dir / "data_stats.json").write_text(json.dumps({**data.stats, "draft_vocab_coverage": coverage}, indent=2, default=str))
     return data, vocab
+
+
+def build_mlp_speculator(cfg, target: Target):
+    """An MLP speculator for the target; from `init_from` (stage 2 continues stage 1) or fresh.
+
+    init=output starts each head from the target's lm_head and each stage's embedding from the target's
+    input embedding (needs inner_dim == hidden size); random keeps the scale-preserving init.
+    """
+    from draftsmith.train.checkpoint import load_head
+    from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+
+    hcfg = MLPSpeculatorConfig.from_target(target.config, inner_dim=cfg.inner_dim, n_predict=cfg.n_predict,
+                                           tie_weights=cfg.tie_weights, scale_input=cfg.scale_input)
+    head = MLPSpeculator(hcfg)
+    if cfg.init_from:
+        meta, state = load_head(cfg.init_from)
+        if meta.get("family") != "mlp_speculator":
+            raise ValueError(f"head.init_from={cfg.init_from}: holds a {meta.get('family')!r} head, not mlp_speculator")
+        theirs = {k: v for k, v in meta["config"].items() if k != "target"}
+        ours = {k: v for k, v in hcfg.to_dict().items() if k != "target"}
+        if theirs != ours:
+            raise ValueError(f"head.init_from={cfg.init_from}: its config {theirs} differs from this run's {ours}")
+        missing = head.load_state_dict(state, strict=False)
+        frozen_or_tied = set(head.state_dict()) - set(head.trainable_state_dict())
+        assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
+    elif cfg.init == "output":
+        if hcfg.inner_dim != hcfg.emb_dim:
+            raise ValueError(f"head.init=output needs inner_dim == the target's hidden size {hcfg.emb_dim}")
+        with torch.no_grad():
+            for i in range(hcfg.n_predict):
+                head.head[i].weight.copy_(target.lm_head.weight.float())
+                head.emb[i].weight.copy_(target.embed_tokens.weight.float())
+    elif cfg.init != "random":
+        raise ValueError(f"head.init={cfg.init!r}: expected random | output for an MLP speculator")
+    return head

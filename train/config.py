@@ -26,13 +26,20 @@ class TargetConfig:
 
 @dataclass
 class HeadConfig:
-    family: str = "eagle3"  # eagle3 (mlp: see the MLP speculator issue)
+    family: str = "eagle3"  # eagle3 | mlp_speculator
     draft_vocab_size: int = 32000
     ttt_steps: int = 7  # K: the head is unrolled K steps on its own outputs
-    ttt_decay: float = 0.8  # step i's loss weight is decay**i
+    ttt_decay: float = 0.8  # step (EAGLE-3) / head (MLP speculator) i's loss weight is decay**i
     norm_before_residual: bool = False  # EAGLE-3 reference layout; exported explicitly either way
     intermediate_size: Optional[int] = None  # None = the target's
-    init: str = "random"  # random | target (warm start from the target's upper layer, lm_head rows, norm)
+    init: str = "random"  # random | output (target's norm + lm_head rows) | target (also its last layer, fc = top aux)
+    # MLP speculator (family mlp_speculator): n_predict stages of width inner_dim (0 = the target's hidden size)
+    n_predict: int = 3
+    inner_dim: int = 0
+    tie_weights: bool = False
+    scale_input: bool = False
+    stage: int = 1  # 1: the data's own tokens (input alignment); 2: the target's own continuations (output alignment)
+    init_from: Optional[str] = None  # a checkpoint or run dir to start from (stage 2 starts from stage 1's)
 
 
 @dataclass
@@ -44,6 +51,8 @@ class DataConfig:
     max_tokens_per_batch: int = 8192  # length-bucketed batches up to this many (padded) tokens
     max_batch_size: int = 16
     seed: int = 0
+    # online: the target runs on every batch; memory: once per sample, its features kept for later epochs
+    features: str = "online"
 
 
 @dataclass
@@ -57,6 +66,20 @@ class OptimConfig:
     epochs: int = 1
     max_steps: Optional[int] = None  # None = epochs over the data
     max_minutes: Optional[float] = None  # wall-clock bound; the run saves and stops when reached
+    max_tokens: Optional[int] = None  # supervised-token budget: the lr schedule spans it and the run stops there
+
+
+@dataclass
+class Stage2Config:
+    """MLP speculator stage 2: prompts cut from the training samples, continued by the frozen target."""
+
+    num_prompts: int = 512  # prompts per temperature
+    prompt_tokens: int = 64  # the last N tokens before a random assistant turn's start
+    max_tokens: int = 256  # generated tokens per prompt
+    temperatures: list[float] = field(default_factory=lambda: [0.0])  # 0 = greedy; several = one pass each
+    seed: int = 0
+    backend: str = "auto"  # auto (vLLM when installed, else HF) | vllm | hf
+    batch_size: int = 64  # prompts per generate call
 
 
 @dataclass
@@ -65,6 +88,7 @@ class Config:
     head: HeadConfig = field(default_factory=HeadConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    stage2: Stage2Config = field(default_factory=Stage2Config)
     run_name: str = "run"
     output_dir: str = "outputs/${run_name}"
     seed: int = 0

@@ -1,4 +1,5 @@
-"""The one training loop: batch -> target features (no grad) -> TTT unroll -> loss -> backward -> clip -> step -> log."""
+"""The one training loop: batch -> target features (no grad) -> head objective (EAGLE-3 TTT unroll | MLP speculator
+per-head CE, train/objective.py) -> loss -> backward -> clip -> step -> log."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tqdm.auto import tqdm
 from draftsmith.train.checkpoint import (load_head, load_trainer_state, resolve_checkpoint, rng_state, save_checkpoint,
                                          set_rng_state)
 from draftsmith.train.data.dataset import collate, make_batches
-from draftsmith.train.ttt.unroll import Unrolled, ttt_unroll
+from draftsmith.train.features import FeatureSource
+from draftsmith.train.objective import build_objective
 
 
 class NonFiniteLoss(RuntimeError):
@@ -46,24 +48,41 @@ def epoch_batches(data, cfg, epoch: int, rank: int, world: int) -> list[list[int
 def evaluate(cfg, head, target, samples, device, autocast) -> dict:
     """Per-step accuracy and simulated acceptance length on held-out samples (no grad, fixed order)."""
     head.eval()
-    sums = {"acc": [0.0] * cfg.head.ttt_steps, "n": [0.0] * cfg.head.ttt_steps, "loss": 0.0, "accept": 0.0, "rows": 0.0}
+    objective = build_objective(cfg.head)
+    model = objective.wrap(head)
+    sums = {"acc": None, "n": None, "loss": 0.0, "accept": 0.0, "rows": 0.0}
     order = make_batches([len(s.input_ids) for s in samples], cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, 0, 0)
     for idx in order[: cfg.eval_batches]:
         batch = {k: v.to(device) for k, v in collate([samples[i] for i in idx], target.pad_id).items()}
-        feats = target.features(batch["input_ids"], batch["attention_mask"], head.draft_to_target, full_top=True)
+        feats = objective.features(target, head, batch, eval=True)
         with autocast():
-            out = ttt_unroll(head, feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"],
-                             cfg.head.ttt_steps, cfg.head.ttt_decay, feats.top)
-        for k in range(cfg.head.ttt_steps):
+            out = objective(model, feats, batch, eval=True)
+        if sums["acc"] is None:
+            sums["acc"], sums["n"] = [0.0] * len(out.accs), [0.0] * len(out.accs)
+        for k in range(len(out.accs)):
             sums["acc"][k] += float(out.accs[k] * out.counts[k])
             sums["n"][k] += float(out.counts[k])
         sums["loss"] += float(out.loss)
         sums["accept"] += float(out.accept_len)
         sums["rows"] += float(out.rows)
     head.train()
-    accs = [a / max(n, 1) for a, n in zip(sums["acc"], sums["n"])]
+    accs = [a / max(n, 1) for a, n in zip(sums["acc"] or [], sums["n"] or [])]
     return {"eval/acc": accs, "eval/loss": sums["loss"] / max(1, len(order[: cfg.eval_batches])),
             "eval/sim_accept_len": 1 + sums["accept"] / max(sums["rows"], 1)}
+
+
+def total_steps(cfg, data, per_epoch: int, world: int) -> int:
+    """Optimizer steps the lr schedule spans: max_steps, else the token budget, else epochs over the data.
+
+    A token budget (supervised tokens over all ranks) becomes steps through the mean supervised tokens of a
+    batch; the run also stops at the budget itself, so the schedule ends where training does.
+    """
+    if cfg.optim.max_steps:
+        return cfg.optim.max_steps
+    if cfg.optim.max_tokens:
+        per_batch = sum(sum(s.loss_mask) for s in data.train) / max(1, len(epoch_batches(data, cfg, 0, 0, 1)))
+        return max(1, math.ceil(cfg.optim.max_tokens / (per_batch * world)))
+    return per_epoch * cfg.optim.epochs
 
 
 def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
@@ -76,18 +95,21 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     per_epoch = len(epoch_batches(data, cfg, 0, accelerator.process_index, accelerator.num_processes))
     if per_epoch == 0:
         raise ValueError(f"no training batches: {len(data.train)} samples for {accelerator.num_processes} processes")
-    total = cfg.optim.max_steps or per_epoch * cfg.optim.epochs
+    total = total_steps(cfg, data, per_epoch, accelerator.num_processes)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_lambda(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio))
-    model, optimizer = accelerator.prepare(Unrolled(head, cfg.head.ttt_steps, cfg.head.ttt_decay), optimizer)
+    objective = build_objective(cfg.head)  # the head family's features and loss (EAGLE-3 TTT | MLP per-head CE)
+    model, optimizer = accelerator.prepare(objective.wrap(head), optimizer)
     raw = accelerator.unwrap_model(model).head
+    features = FeatureSource(target, objective.vocab_ids(raw), cfg.data.features)
 
     step, epoch, cursor, tokens = 0, 0, 0, 0
     if cfg.resume:
         ckpt = resolve_checkpoint(run_dir if cfg.resume == "auto" else cfg.resume)
         state = load_trainer_state(ckpt)
         missing = raw.load_state_dict(load_head(ckpt)[1], strict=False)
-        assert set(missing.missing_keys) <= {"embed_tokens.weight"} and not missing.unexpected_keys, missing
+        frozen_or_tied = set(raw.state_dict()) - set(raw.trainable_state_dict())  # e.g. embed_tokens, tied stages
+        assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step, epoch, cursor, tokens = state["step"], state["epoch"], state["cursor"], state["tokens"]
@@ -97,7 +119,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     def save(metrics: dict) -> None:
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            meta = {"family": "eagle3", "config": raw.config.to_dict(), "step": step, "tokens": tokens, "metrics": metrics}
+            meta = {"family": objective.family, "config": raw.config.to_dict(), "step": step, "tokens": tokens, "metrics": metrics}
             trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
                        "epoch": epoch, "cursor": cursor, "tokens": tokens, "rng": rng_state(),
                        "config": OmegaConf.to_container(cfg, resolve=True)}
@@ -120,10 +142,10 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         while cursor < len(batches) and not done:
             samples = [data.train[i] for i in batches[cursor]]
             batch = {k: v.to(device) for k, v in collate(samples, target.pad_id).items()}
-            # no grad: the target is frozen; logits only over the draft vocab (the loss needs no more)
-            feats = target.features(batch["input_ids"], batch["attention_mask"], raw.draft_to_target)
+            # no grad: the target is frozen; logits only over what the objective needs (draft vocab | none)
+            feats = features(batches[cursor], batch)
             with accelerator.autocast():
-                out = model(feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"])
+                out = objective(model, feats, batch)
             if not torch.isfinite(out.loss):
                 ids = [s.conv_id for s in samples]
                 raise NonFiniteLoss(f"loss is {out.loss.item()} at step {step} (epoch {epoch}, batch {cursor}, "
@@ -136,12 +158,14 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             step, cursor = step + 1, cursor + 1
             tokens += int(batch["loss_mask"].sum()) * accelerator.num_processes  # supervised tokens
             elapsed = time.time() - start
-            last_step = done = step >= total or (deadline is not None and time.time() >= deadline)
+            last_step = done = (step >= total or (deadline is not None and time.time() >= deadline)
+                                or (cfg.optim.max_tokens is not None and tokens >= cfg.optim.max_tokens))
             if step % cfg.log_every == 0 or last_step:
                 metrics = {"step": step, "epoch": epoch, "tokens": tokens, "loss": out.loss.item(),
                            "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-                           "acc": [round(a.item(), 4) for a in out.accs], "tok_per_s": tokens / max(elapsed, 1e-9),
-                           "elapsed_s": elapsed}
+                           "acc": [round(a.item(), 4) for a in out.accs],
+                           "losses": [round(x.item(), 4) for x in out.losses], "tok_per_s": tokens / max(elapsed, 1e-9),
+                           "elapsed_s": elapsed, "target_tokens": features.computed_tokens}
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}", tok_s=f"{metrics['tok_per_s']:.0f}")
                 log(metrics)
             if (cfg.eval_every and step % cfg.eval_every == 0) or last_step:

@@ -1,0 +1,114 @@
+"""Feature sources (online vs kept in memory), the token-budget schedule, and target regeneration."""
+
+import json
+
+import pytest
+import torch
+
+from draftsmith.train.data.dataset import collate
+from draftsmith.train.data.render import Sample
+from draftsmith.train.features import FeatureSource
+from draftsmith.train.target import Target
+from test_train import conversations, run_train
+
+
+def test_memory_features_equal_online_and_skip_the_target(tiny_model):
+    target = Target(tiny_model, aux_layer_ids=[1, 3, 4])
+    g = torch.Generator().manual_seed(0)
+    samples = [Sample(torch.randint(3, 128, (n,), generator=g).tolist(), [0] * 4 + [1] * (n - 4)) for n in (9, 17, 5, 12, 20)]
+    vocab = torch.arange(0, 128, 2)
+    online, memory = FeatureSource(target, vocab, "online"), FeatureSource(target, vocab, "memory")
+    for order in ([0, 1, 2], [3, 1, 4], [2, 0, 1]):  # later batches mix stored and new samples
+        batch = collate([samples[i] for i in order], target.pad_id)
+        a, b = online(order, batch), memory(order, batch)
+        real = batch["attention_mask"].bool()  # padding rows hold zeros in memory mode, anything online
+        for x, y in ((a.aux, b.aux), (a.last, b.last), (a.logits, b.logits)):
+            torch.testing.assert_close(x[real], y[real], rtol=1e-5, atol=1e-5)
+    lengths = sum(len(s.input_ids) for s in samples)
+    assert memory.computed_tokens == lengths  # each sample ran through the target exactly once
+    assert online.computed_tokens > lengths
+    assert set(memory.store) == {0, 1, 2, 3, 4}
+    with pytest.raises(ValueError, match="data.features"):
+        FeatureSource(target, vocab, "disk")
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in conversations(40)))
+    return path
+
+
+def _metrics(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_memory_mode_trains_like_online_and_token_budget_stops(tiny_target_dir, data_file, tmp_path):
+    common = ("optim.max_steps=16",)  # about two epochs of the 28 training conversations
+    run_train(tiny_target_dir, data_file, tmp_path / "online", *common)
+    run_train(tiny_target_dir, data_file, tmp_path / "memory", *common, "data.features=memory")
+    on = [r for r in _metrics(tmp_path / "online") if "loss" in r]
+    mem = [r for r in _metrics(tmp_path / "memory") if "loss" in r]
+    assert len(on) == len(mem) == 16 and max(r["epoch"] for r in mem) >= 1
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in mem]), torch.tensor([r["loss"] for r in on]),
+                               rtol=1e-4, atol=1e-4)
+    # memory mode ran the target over each sample once; online over every batch of every epoch
+    assert mem[-1]["target_tokens"] < on[-1]["target_tokens"]
+    first_epoch = max(r["target_tokens"] for r in mem if r["epoch"] == 0)
+    assert mem[-1]["target_tokens"] == first_epoch
+
+    # a supervised-token budget stops the run at the budget, and the schedule ends there
+    budget = on[5]["tokens"]
+    run_train(tiny_target_dir, data_file, tmp_path / "budget", "optim.max_steps=null", f"optim.max_tokens={budget}")
+    got = [r for r in _metrics(tmp_path / "budget") if "loss" in r]
+    assert got[-1]["tokens"] >= budget > got[-2]["tokens"]
+    assert got[-1]["lr"] < got[len(got) // 2]["lr"]  # cosine decayed over the budget, not over some other length
+
+
+def _write_source(path, n):
+    path.write_text("".join(json.dumps({"id": f"q{i}", "conversations": [
+        {"from": "human", "value": f"Name a colour, please ({i})."},
+        {"from": "gpt", "value": "An original answer the target never wrote."}]}) + "\n" for i in range(n)))
+
+
+def test_regenerate_with_hf_resumes_without_duplicates(tiny_target_dir, tmp_path):
+    from draftsmith.train.data.conversations import read_conversations
+    from draftsmith.train.data.regenerate import regenerate
+
+    src, out = tmp_path / "src.jsonl", tmp_path / "regen.jsonl"
+    _write_source(src, 6)
+    first = regenerate(str(tiny_target_dir), str(src), str(out), num_conversations=4, max_tokens=6, batch_size=3,
+                       backend="hf")
+    assert first["generated"] == 4 and first["new_tokens"] > 0
+    lines = out.read_text().splitlines()
+    # a kill mid-append leaves a torn line: it is dropped and that prompt regenerated, nothing duplicated
+    out.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])
+    again = regenerate(str(tiny_target_dir), str(src), str(out), num_conversations=6, max_tokens=6, batch_size=3,
+                       backend="hf")
+    assert again["resumed_with"] == 2 and again["generated"] == 4
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(r["id"] for r in recs) == [f"q{i}" for i in range(6)]
+    assert all(r["messages"][-1]["content"] != "An original answer the target never wrote." for r in recs)
+    assert all(r["messages"][0]["content"].startswith("Name a colour") for r in recs)
+    # the output is a dataset the pipeline reads; answers with no text are skipped there, with a count
+    kept = list(read_conversations(str(out)))
+    assert len(kept) == sum(1 for r in recs if r["messages"][-1]["content"])
+    with pytest.raises(ValueError, match="other settings"):
+        regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=7, backend="hf")
+
+
+@pytest.mark.slow
+def test_regenerate_with_vllm_equals_hf_greedy(tiny_target_dir, tmp_path):
+    """Both backends give the target's greedy answer: the same token ids on a tiny fp32 target."""
+    from draftsmith.train.data.regenerate import regenerate
+
+    src = tmp_path / "src.jsonl"
+    _write_source(src, 4)
+    a, b = tmp_path / "vllm.jsonl", tmp_path / "hf.jsonl"
+    regenerate(str(tiny_target_dir), str(src), str(a), max_tokens=8, batch_size=4, backend="vllm")
+    regenerate(str(tiny_target_dir), str(src), str(b), max_tokens=8, batch_size=4, backend="hf")
+    ra = {r["id"]: r for r in map(json.loads, a.read_text().splitlines())}
+    rb = {r["id"]: r for r in map(json.loads, b.read_text().splitlines())}
+    assert ra.keys() == rb.keys() == {f"q{i}" for i in range(4)}
+    assert [ra[k]["messages"][-1] for k in ra] == [rb[k]["messages"][-1] for k in ra]
+    assert all(ra[k]["answer_tokens"] == rb[k]["answer_tokens"] for k in ra)

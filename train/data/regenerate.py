@@ -1,0 +1,218 @@
+"""Re-answer a dataset's first user turns with the target itself.
+
+A head learns what the target will say, not what some other model once said: trained on the target's
+own answers, the draft sees at training time the token stream it will be asked to continue when
+serving. The output is a JSONL of conversations (`{"id", "messages", ...}`) that `data.path=` reads
+like any other dataset; ids are kept, so the held-out split (by id) is the same as the source's.
+
+    draftsmith regenerate --target smollm2 --data sharegpt --out regen.jsonl --num-conversations 2000
+
+Generation runs in vLLM (a child process, batched) when it is installed, else with the HF target.
+Every finished batch is appended and fsynced at once; a killed run resumes where it stopped, and a
+torn last line from the kill is dropped, never duplicated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from draftsmith.train.data.conversations import read_conversations
+from draftsmith.train.data.render import render_prompt
+
+SETTINGS = ("target", "data", "max_tokens", "temperature", "seed", "max_prompt_tokens")
+
+
+def first_turns(data: str, limit: int | None, tokenizer, max_prompt_tokens: int) -> tuple[list[dict], int]:
+    """[{id, messages (up to the first answer), prompt_ids}] and how many were too long to keep."""
+    out, too_long = [], 0
+    for conv in read_conversations(data, limit):
+        k = next(i for i, m in enumerate(conv.messages) if m["role"] == "assistant")
+        ids = render_prompt(tokenizer, conv.messages[:k])
+        if len(ids) > max_prompt_tokens:
+            too_long += 1
+            continue
+        out.append({"id": conv.id, "messages": conv.messages[:k], "prompt_ids": ids})
+    return out, too_long
+
+
+def load_done(out: Path) -> dict[str, dict]:
+    """Records already written; rewrites the file without a torn last line (a kill mid-append)."""
+    if not out.is_file():
+        return {}
+    done, good = {}, []
+    with open(out, "rb") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue  # only a kill mid-write leaves one; it is regenerated
+            if isinstance(rec, dict) and "id" in rec and rec["id"] not in done:
+                done[rec["id"]] = rec
+                good.append(line if line.endswith(b"\n") else line + b"\n")
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(b"".join(good))
+    os.replace(tmp, out)
+    return done
+
+
+def _append(out: Path, records: list[dict]) -> None:
+    with open(out, "a", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _vllm_batches(target: str, todo: list[dict], settings: dict, batch_size: int, threads: int, kv_cache_gib: int):
+    """Yield (start, token_ids, finish_reasons) per finished batch from a vLLM child process."""
+    from draftsmith.eval.vllm_runner import EVENT
+
+    longest = max(len(p["prompt_ids"]) for p in todo)
+    job = {"name": "regenerate", "target": target, "speculative_config": None,
+           "prompt_token_ids": [p["prompt_ids"] for p in todo],
+           "sampling": {"temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
+                        "seed": settings["seed"]},
+           "engine": {"dtype": "float32", "enforce_eager": True, "max_model_len": longest + settings["max_tokens"] + 1,
+                      "seed": settings["seed"]},
+           "batch_size": batch_size, "warmup_tokens": 0, "stream_outputs": True}
+    run_dir = Path(settings["out"]).parent
+    job_path = run_dir / (Path(settings["out"]).name + ".job.json")
+    job_path.write_text(json.dumps(job))
+    result_path = job_path.with_suffix(".result.json")
+    log_path = job_path.with_suffix(".log")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+           "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "draftsmith.eval.vllm_runner", str(job_path), str(result_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+    tail: list[str] = []
+    with open(log_path, "w", encoding="utf-8", buffering=1) as log:
+        for line in proc.stdout:
+            log.write(line)
+            if not line.startswith(EVENT):
+                tail = (tail + [line.rstrip()])[-8:]
+                continue
+            ev = json.loads(line[len(EVENT):])
+            if ev["event"] == "outputs":
+                yield ev["start"], ev["token_ids"], ev["finish_reasons"]
+    if proc.wait() != 0:
+        raise RuntimeError(f"vLLM generation failed (exit {proc.returncode}); log {log_path}:\n" + "\n".join(tail))
+    for p in (job_path, result_path):
+        p.unlink(missing_ok=True)
+
+
+def _hf_batches(target: str, todo: list[dict], settings: dict, batch_size: int):
+    """The same, with the HF target (left-padded batches); for machines without vLLM."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    torch.manual_seed(settings["seed"])
+    for start in range(0, len(todo), batch_size):
+        chunk = [p["prompt_ids"] for p in todo[start:start + batch_size]]
+        width = max(map(len, chunk))
+        ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])
+        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])
+        sample = settings["temperature"] > 0
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=settings["max_tokens"],
+                                 do_sample=sample, temperature=settings["temperature"] if sample else None,
+                                 top_p=None, top_k=None, pad_token_id=pad)
+        outs, finish = [], []
+        for row in gen[:, width:].tolist():
+            cut = next((i for i, t in enumerate(row) if t in eos), None)
+            outs.append(row if cut is None else row[:cut + 1])
+            finish.append("length" if cut is None else "stop")
+        yield start, outs, finish
+
+
+def regenerate(target: str, data: str, out: str, num_conversations: int | None = None, max_tokens: int = 256,
+               temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = 1024, batch_size: int = 32,
+               backend: str = "auto", threads: int = 1, kv_cache_gib: int = 2) -> dict:
+    """Write (or finish writing) `out`; returns counts and generation speed."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.assets import resolve_target
+
+    target_path = resolve_target(target)
+    out_path = Path(out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    settings = {"target": str(target), "data": str(data), "max_tokens": max_tokens, "temperature": temperature,
+                "seed": seed, "max_prompt_tokens": max_prompt_tokens, "out": str(out_path)}
+    meta_path = out_path.with_name(out_path.name + ".meta.json")
+    if meta_path.is_file():
+        old = json.loads(meta_path.read_text())
+        diff = {k: (old.get(k), settings[k]) for k in SETTINGS if old.get(k) != settings[k]}
+        if diff:
+            raise ValueError(f"{out_path} was generated with other settings {diff} (old, new); "
+                             f"use another --out or delete it")
+    else:
+        meta_path.write_text(json.dumps(settings, indent=2))
+    if backend == "auto":
+        backend = "vllm" if find_spec("vllm") else "hf"
+    if backend not in ("vllm", "hf"):
+        raise ValueError(f"backend {backend!r}: expected auto | vllm | hf")
+
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    prompts, too_long = first_turns(data, num_conversations, tokenizer, max_prompt_tokens)
+    done = load_done(out_path)
+    todo = [p for p in prompts if p["id"] not in done]
+    print(f"regenerate: {len(prompts)} first turns from {data} ({too_long} prompts over {max_prompt_tokens} tokens "
+          f"skipped), {len(done)} already in {out_path}, {len(todo)} to go, backend {backend}", flush=True)
+    new_tokens, t0 = 0, time.perf_counter()
+    if todo:
+        batches = (_vllm_batches(target_path, todo, settings, batch_size, threads, kv_cache_gib) if backend == "vllm"
+                   else _hf_batches(target_path, todo, settings, batch_size))
+        bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True)
+        for start, token_ids, finish in batches:
+            records = []
+            for p, ids, why in zip(todo[start:start + len(token_ids)], token_ids, finish):
+                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                records.append({"id": p["id"], "messages": p["messages"] + [{"role": "assistant", "content": text}],
+                                "answer_tokens": len(ids), "finish_reason": why})
+                new_tokens += len(ids)
+            _append(out_path, records)
+            bar.update(len(records))
+            bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.0f}")
+        bar.close()
+    seconds = time.perf_counter() - t0
+    stats = {"prompts": len(prompts), "too_long": too_long, "resumed_with": len(done), "generated": len(todo),
+             "new_tokens": new_tokens, "seconds": seconds, "tokens_per_s": new_tokens / seconds if todo else None,
+             "backend": backend, "out": str(out_path)}
+    print(f"regenerate: {len(todo)} answers, {new_tokens} tokens in {seconds:.0f} s "
+          f"({stats['tokens_per_s'] or 0:.0f} tok/s) -> {out_path}", flush=True)
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="draftsmith regenerate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2", help="HF dir/id, or smollm2 (the embedded default)")
+    ap.add_argument("--data", default="sharegpt", help="sharegpt, a JSON/JSONL file, or hf:NAME[:SPLIT]")
+    ap.add_argument("--out", required=True, help="JSONL to write (resumed if it exists)")
+    ap.add_argument("--num-conversations", type=int, default=None)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (what greedy serving sees)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-prompt-tokens", type=int, default=1024)
+    ap.add_argument("--batch-size", type=int, default=32, help="prompts per generate() call (and per saved chunk)")
+    ap.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"])
+    ap.add_argument("--threads", type=int, default=1, help="OMP threads of the vLLM engine")
+    a = ap.parse_args(argv)
+    regenerate(a.target, a.data, a.out, a.num_conversations, a.max_tokens, a.temperature, a.seed,
+               a.max_prompt_tokens, a.batch_size, a.backend, a.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,6 +2,7 @@
 
     draftsmith export --format vllm outputs/eagle3_smollm2 exported/eagle3_smollm2
     draftsmith export --format vllm CKPT OUT --dialect native --target meta-llama/Llama-3.1-8B-Instruct
+    draftsmith export --format vllm outputs/mlp_smollm2_stage2 exported/mlp_smollm2   # an MLP speculator run
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from draftsmith.export.mlp import export_mlp_speculator
 from draftsmith.export.vllm import ExportError, export_eagle3
 from draftsmith.train.checkpoint import load_head, resolve_checkpoint
 from draftsmith.train.heads.eagle3 import Eagle3Config
+from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
 
 
 def main(argv: list[str]) -> int:
@@ -30,10 +33,11 @@ def main(argv: list[str]) -> int:
 
     ckpt = resolve_checkpoint(args.checkpoint)
     meta, state = load_head(ckpt)
-    if meta.get("family") != "eagle3":
-        print(f"draftsmith export: {ckpt} holds a {meta.get('family')!r} head; only eagle3 exports here", file=sys.stderr)
+    family = meta.get("family")
+    if family not in ("eagle3", "mlp_speculator"):
+        print(f"draftsmith export: {ckpt} holds a {family!r} head; expected eagle3 | mlp_speculator", file=sys.stderr)
         return 2
-    cfg = Eagle3Config(**meta["config"])
+    cfg = Eagle3Config(**meta["config"]) if family == "eagle3" else MLPSpeculatorConfig(**meta["config"])
     verifier = args.target or cfg.target.get("name_or_path") or ""
     target_config = None
     if verifier:
@@ -48,10 +52,15 @@ def main(argv: list[str]) -> int:
             print(f"draftsmith export: warning: cannot read target config {verifier!r} ({e}); target check skipped",
                   file=sys.stderr)
     try:
-        out = export_eagle3(state, cfg, args.out, verifier=verifier, dialect=args.dialect, k=args.k,
-                            dtype=args.dtype, target_config=target_config)
+        if family == "mlp_speculator":  # the HF MLPSpeculatorPreTrainedModel directory (one dialect)
+            out = export_mlp_speculator(state, cfg, args.out, verifier=verifier, dtype=args.dtype,
+                                        target_config=target_config)
+        else:
+            out = export_eagle3(state, cfg, args.out, verifier=verifier, dialect=args.dialect, k=args.k,
+                                dtype=args.dtype, target_config=target_config)
     except ExportError as e:
         print(f"draftsmith export: {ckpt}: {e}", file=sys.stderr)
         return 1
-    print(f"exported {ckpt} -> {out} ({args.dialect} dialect, contracts checked)")
+    print(f"exported {ckpt} -> {out} ({args.dialect + ' dialect' if family == 'eagle3' else 'MLPSpeculatorPreTrainedModel'}, "
+          "contracts checked)")
     return 0

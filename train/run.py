@@ -48,6 +48,11 @@ def main(cfg: DictConfig) -> dict:
     target, target_path = build_target(cfg.target, accelerator.device)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     data, vocab = build_data_and_vocab(cfg, tokenizer, run_dir, log=lambda *a: print0(accelerator, *a))
+    if cfg.head.family == "mlp_speculator" and cfg.head.stage == 2:  # the target's own continuations
+        from draftsmith.assets import cache_dir
+        from draftsmith.train.data.continuations import build_stage2_data
+
+        data = build_stage2_data(cfg, data, target_path, cache_dir(), log=lambda *a: print0(accelerator, *a))
     head = build_head(cfg.head, target, vocab)
     head.config.target["name_or_path"] = target_path
     tracker = None

@@ -1,0 +1,97 @@
+"""MLP speculator: head math against the published equations written out plainly, and the per-head loss."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+from draftsmith.train.objective import per_head_loss
+
+
+def reference_chain(head, state, token, k):
+    """arXiv 2404.19124 / HF MLPSpeculator, one vector at a time, no shared code with the head."""
+    cfg = head.config
+    w_state = 0.5 ** (0.5 / cfg.n_predict)
+    w_emb = math.sqrt((1 - w_state**2) * (cfg.inner_dim / 2))
+    if cfg.scale_input:
+        state = state / torch.sqrt((state**2).mean() + 1e-6) / math.sqrt(2)
+    toks, all_logits = [], []
+    for i in range(k):
+        z = head.emb[i].weight[token]
+        x = head.proj[i].weight @ state * w_state + z * w_emb
+        x = x / torch.sqrt((x**2).mean() + 1e-6) * head.ln[i].weight + head.ln[i].bias
+        state = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))  # exact GELU
+        logits = head.head[i].weight @ state
+        token = int(logits.argmax())
+        toks.append(token)
+        all_logits.append(logits)
+    return toks, all_logits
+
+
+@pytest.mark.parametrize("tie,scale", [(False, False), (True, True)])
+def test_head_equals_published_equations(tie, scale):
+    torch.manual_seed(0)
+    cfg = MLPSpeculatorConfig(emb_dim=48, vocab_size=97, inner_dim=32, n_predict=3, tie_weights=tie, scale_input=scale)
+    head = MLPSpeculator(cfg)
+    with torch.no_grad():  # non-trivial norm affine params
+        for p in head.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.3)
+    state, token = torch.randn(5, 48), torch.randint(0, 97, (5,))
+    got = head.propose(state, token)
+    for r in range(5):
+        toks, logits = reference_chain(head, state[r], int(token[r]), 3)
+        assert got[r].tolist() == toks
+        s = head.prepare(state[r:r + 1])
+        t = token[r:r + 1]
+        for i in range(3):
+            s = head.step(i, s, t)
+            torch.testing.assert_close(head.logits(i, s)[0], logits[i], atol=1e-4, rtol=1e-4)
+            t = torch.tensor([toks[i]])
+    keys = set(head.trainable_state_dict())
+    if tie:  # every tensor once: emb.0, ln.0, proj.0 (target width) + proj.1 (shared), a head per stage
+        assert keys == {"emb.0.weight", "proj.0.weight", "proj.1.weight", "ln.0.weight", "ln.0.bias",
+                        "head.0.weight", "head.1.weight", "head.2.weight"}
+        assert head.emb[2].weight is head.emb[0].weight and head.proj[2].weight is head.proj[1].weight
+    else:
+        assert len(keys) == 3 * 5 and head.proj[0].weight.shape == (32, 48) and head.proj[1].weight.shape == (32, 32)
+
+
+def test_per_head_loss_is_each_heads_cross_entropy():
+    torch.manual_seed(1)
+    cfg = MLPSpeculatorConfig(emb_dim=16, vocab_size=23, inner_dim=16, n_predict=3)
+    head = MLPSpeculator(cfg)
+    B, T = 2, 9
+    last, ids = torch.randn(B, T, 16), torch.randint(0, 23, (B, T))
+    mask = torch.ones(B, T)
+    mask[0, :3] = 0  # unsupervised prompt
+    mask[1, 7:] = 0  # padding
+    out = per_head_loss(head, last, ids, mask, [1.0, 0.5, 0.25])
+    # head i at row t: state from rows' hidden t, tokens x_{t+1..t+1+i}, label x_{t+2+i}, kept where mask[t+2+i]
+    for i in range(3):
+        ces, hits = [], []
+        for b in range(B):
+            for t in range(T - 2 - i):
+                if not mask[b, t + 2 + i]:
+                    continue
+                s = head.prepare(last[b, t][None])
+                for j in range(i + 1):
+                    s = head.step(j, s, ids[b, t + 1 + j][None])
+                lg = head.logits(i, s)[0]
+                ces.append(F.cross_entropy(lg[None], ids[b, t + 2 + i][None]))
+                hits.append(float(lg.argmax() == ids[b, t + 2 + i]))
+        torch.testing.assert_close(out.losses[i], torch.stack(ces).mean(), atol=1e-5, rtol=1e-5)
+        assert out.accs[i].item() == pytest.approx(sum(hits) / len(hits))
+        assert out.counts[i].item() == len(ces)
+    torch.testing.assert_close(out.loss, out.losses[0] + 0.5 * out.losses[1] + 0.25 * out.losses[2])
+    out.loss.backward()
+    assert all(p.grad is not None for p in head.parameters())
+    # labels from the target's greedy tokens instead of the sequence: top[t] is the token after position t
+    top = torch.randint(0, 23, (B, T))
+    ev = per_head_loss(head, last, ids, mask, [1.0, 1.0, 1.0], target_top=top)
+    s = head.step(0, head.prepare(last[1, 0][None]), ids[1, 1][None])
+    assert ev.counts[0] == out.counts[0] and ev.losses[0] != out.losses[0]
+    lg = head.logits(0, s)[0]
+    assert lg.argmax() != top[1, 1] or ev.accs[0] > 0

@@ -1,0 +1,148 @@
+"""The IBM MLP speculator (arXiv 2404.19124; HF `MLPSpeculatorPreTrainedModel`).
+
+`n_predict` stages, each an MLP step on a running state. The first state is the target's final
+(post-norm) hidden state at the position that produced token x; stage i reads the token chosen before
+it (x itself for stage 0, then stage i-1's pick) and predicts the next one:
+
+    state   = ln0(state) / sqrt(2)                                  (only with scale_input)
+    state_i = gelu(ln_i(proj_i(state_{i-1}) * w_state + emb_i(token_i) * w_emb))      [.., inner_dim]
+    logits_i = head_i(state_i)                                                          [.., vocab]
+
+with w_state = 0.5 ** (0.5 / n_predict) and w_emb = sqrt((1 - w_state**2) * inner_dim / 2), so the
+state and embedding terms keep a fixed share of the variance at every depth. `ln` is an RMS
+normalisation with a learned scale *and shift* (eps 1e-6); `ln0` has neither. With tie_weights all
+stages share `emb.0`, `ln.0` and (after the first, whose input is the target's width) `proj.1`.
+
+Parameter names are the checkpoint keys (exported with the `speculator.` prefix).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class MLPSpeculatorConfig:
+    emb_dim: int  # the target's hidden size
+    vocab_size: int  # the target's vocab
+    inner_dim: int = 0  # 0 = emb_dim
+    n_predict: int = 3
+    tie_weights: bool = False
+    scale_input: bool = False
+    target: dict = field(default_factory=dict)  # provenance: name_or_path, architectures, num_hidden_layers
+
+    def __post_init__(self):
+        if self.inner_dim == 0:
+            self.inner_dim = self.emb_dim
+        if self.tie_weights and self.n_predict < 2:
+            raise ValueError("tie_weights needs n_predict >= 2 (there is nothing to tie with one stage)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def state_weight(self) -> float:
+        return 0.5 ** (0.5 / self.n_predict)
+
+    @property
+    def emb_weight(self) -> float:
+        return math.sqrt((1 - self.state_weight**2) * (self.inner_dim / 2))
+
+    @classmethod
+    def from_target(cls, target_config, **kw) -> "MLPSpeculatorConfig":
+        tc = target_config
+        return cls(emb_dim=tc.hidden_size, vocab_size=tc.vocab_size, target={
+            "name_or_path": getattr(tc, "_name_or_path", ""),
+            "architectures": list(getattr(tc, "architectures", None) or []),
+            "num_hidden_layers": tc.num_hidden_layers,
+            "model_type": tc.model_type,
+        }, **kw)
+
+
+class LayerNorm(nn.Module):
+    """RMS normalisation, optionally followed by a learned elementwise scale and shift (the paper's `ln`)."""
+
+    def __init__(self, dim: int, affine: bool = True, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        if affine:
+            self.weight = nn.Parameter(torch.ones(dim))
+            self.bias = nn.Parameter(torch.zeros(dim))
+        else:
+            self.weight = self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x if self.weight is None else x * self.weight + self.bias
+
+
+class MLPSpeculator(nn.Module):
+    def __init__(self, cfg: MLPSpeculatorConfig):
+        super().__init__()
+        self.config = cfg
+        n, E, D, V = cfg.n_predict, cfg.emb_dim, cfg.inner_dim, cfg.vocab_size
+        if cfg.tie_weights:
+            emb, ln, proj_tied = nn.Embedding(V, D), LayerNorm(D), nn.Linear(D, D, bias=False)
+            self.emb = nn.ModuleList([emb] * n)
+            self.proj = nn.ModuleList([nn.Linear(E, D, bias=False)] + [proj_tied] * (n - 1))
+            self.ln = nn.ModuleList([ln] * n)
+        else:
+            self.emb = nn.ModuleList([nn.Embedding(V, D) for _ in range(n)])
+            self.proj = nn.ModuleList([nn.Linear(E if i == 0 else D, D, bias=False) for i in range(n)])
+            self.ln = nn.ModuleList([LayerNorm(D) for _ in range(n)])
+        self.head = nn.ModuleList([nn.Linear(D, V, bias=False) for _ in range(n)])  # never tied (as vLLM loads it)
+        self.ln0 = LayerNorm(E, affine=False)  # no parameters; used only with scale_input
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Scale-preserving init: embeddings N(0, 1/sqrt(D)), linears N(0, 1/sqrt(fan_in)), norms identity."""
+        D = self.config.inner_dim
+        for m in self.modules():
+            if isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0, 1 / math.sqrt(D))
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 1 / math.sqrt(m.in_features))
+            elif isinstance(m, LayerNorm) and m.weight is not None:
+                m.weight.fill_(1.0)
+                m.bias.zero_()
+
+    def prepare(self, state: torch.Tensor) -> torch.Tensor:
+        """The target's hidden state [.., E] as the first state (scaled when scale_input)."""
+        state = state.to(self.proj[0].weight.dtype)
+        return self.ln0(state) / math.sqrt(2) if self.config.scale_input else state
+
+    def step(self, i: int, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Stage i: state [.., E or D], tokens [..] (the token chosen before this stage) -> new state [.., D]."""
+        z = self.emb[i](tokens)  # [.., D]
+        mixed = self.proj[i](state) * self.config.state_weight + z * self.config.emb_weight  # [.., D]
+        return F.gelu(self.ln[i](mixed))  # [.., D]
+
+    def logits(self, i: int, state: torch.Tensor) -> torch.Tensor:
+        return self.head[i](state)  # [.., V]
+
+    @torch.no_grad()
+    def propose(self, state: torch.Tensor, token: torch.Tensor, k: int | None = None) -> torch.Tensor:
+        """Greedy chain: state [N, E], token [N] -> k draft tokens [N, k] (what serving runs)."""
+        k = k or self.config.n_predict
+        if k > self.config.n_predict:
+            raise ValueError(f"k={k} > n_predict={self.config.n_predict}")
+        state, out = self.prepare(state), []
+        for i in range(k):
+            state = self.step(i, state, token)  # [N, D]
+            token = self.logits(i, state).argmax(-1)  # [N]
+            out.append(token)
+        return torch.stack(out, dim=-1)  # [N, k]
+
+    @property
+    def draft_to_target(self) -> None:
+        return None  # full target vocab: no draft-vocab map
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Each parameter once (tied stages share `emb.0`, `ln.0`, `proj.1`): the exported key set."""
+        return {k: p for k, p in self.named_parameters()}

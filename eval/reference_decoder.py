@@ -203,6 +203,48 @@ class Eagle3Drafter(Drafter):
         return Proposal(out, None if probs[0] is None else torch.stack(probs))
 
 
+class MLPSpeculatorDrafter(Drafter):
+    """IBM MLP speculator: stage 0 reads the target's final hidden state at the row that produced the
+    newest token, plus that token; stage i reads stage i-1's state and pick. Chains at most n_predict."""
+
+    name = "mlp_speculator"
+
+    def __init__(self, head, draft_sampling: str = "greedy", name: str | None = None):
+        if draft_sampling not in ("greedy", "sample"):
+            raise ValueError(f"draft_sampling must be greedy or sample, got {draft_sampling!r}")
+        self.head = head.eval()
+        self.draft_sampling = draft_sampling
+        self.name = name or self.name
+        self.last: torch.Tensor | None = None  # [E] final hidden state of the newest committed row
+        self.last_pos = -1
+
+    def start(self, prompt):
+        self.last, self.last_pos = None, -1
+
+    def observe(self, start, next_tokens, feats):
+        self.last = feats.last[len(next_tokens) - 1]
+        self.last_pos = start + len(next_tokens) - 1
+
+    @torch.no_grad()
+    def propose(self, tokens, k, temperature, generator):
+        assert self.last_pos == len(tokens) - 2, "observe() the newest rows before proposing"
+        state = self.head.prepare(self.last[None])  # [1, E]
+        token = torch.tensor([tokens[-1]])
+        out, probs = [], []
+        for i in range(min(k, self.head.config.n_predict)):
+            state = self.head.step(i, state, token)  # [1, D]
+            logits = self.head.logits(i, state)[0]  # [V]
+            if temperature == 0 or self.draft_sampling == "greedy":
+                tok, q = int(logits.argmax()), None
+            else:
+                q = target_probs(logits, temperature)
+                tok = _sample(q, generator)
+            out.append(tok)
+            probs.append(q)
+            token = torch.tensor([tok])
+        return Proposal(out, None if not probs or probs[0] is None else torch.stack(probs))
+
+
 # ---------------------------------------------------------------- verification
 
 
@@ -410,9 +452,52 @@ def load_eagle3_head(path: str | Path, target: Target):
     return head.to(next(target.model.parameters()).dtype), metrics
 
 
+def load_mlp_speculator(path: str | Path):
+    """An MLPSpeculator from a training checkpoint / run dir or an exported dir. Returns (head, metrics)."""
+    from safetensors.torch import load_file
+
+    from draftsmith.train.checkpoint import load_head
+    from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+
+    path = Path(path)
+    if (path / "draftsmith.json").is_file():
+        meta = json.loads((path / "draftsmith.json").read_text())
+        cfg, metrics = MLPSpeculatorConfig(**meta["head_config"]), {}
+        state = {k[len("speculator."):]: v for k, v in load_file(path / "model.safetensors").items()}
+    else:
+        meta, state = load_head(path)
+        cfg, metrics = MLPSpeculatorConfig(**meta["config"]), meta.get("metrics") or {}
+    head = MLPSpeculator(cfg)
+    head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    missing = {k for k, _ in head.named_parameters()} - set(state)
+    if missing:
+        raise ValueError(f"{path}: MLP speculator tensors missing: {sorted(missing)}")
+    return head, metrics
+
+
+def head_family(path: str | Path) -> str:
+    """`eagle3` or `mlp_speculator`, from an exported dir (draftsmith.json) or a checkpoint (head.json)."""
+    from draftsmith.train.checkpoint import resolve_checkpoint
+
+    path = Path(path)
+    if (path / "draftsmith.json").is_file():
+        return json.loads((path / "draftsmith.json").read_text()).get("family", "eagle3")
+    return json.loads((resolve_checkpoint(path) / "head.json").read_text()).get("family", "eagle3")
+
+
+def load_head_drafter(name: str, path: str | Path, target: Target, draft_sampling: str = "greedy") -> tuple[Drafter, dict]:
+    """A trained head (EAGLE-3 or MLP speculator) as a drafter, with its training metrics ({} for exports)."""
+    dtype = next(target.model.parameters()).dtype
+    if head_family(path) == "mlp_speculator":
+        head, metrics = load_mlp_speculator(path)
+        return MLPSpeculatorDrafter(head.to(dtype), draft_sampling=draft_sampling, name=name), metrics
+    head, metrics = load_eagle3_head(path, target)
+    return Eagle3Drafter(head, draft_sampling=draft_sampling, name=name), metrics
+
+
 def load_drafter(name: str, head_path: str | None = None, target: Target | None = None,
                  ngram_min: int = 2, ngram_max: int = 5, draft_sampling: str = "greedy") -> Drafter:
-    """A drafter by method name (`none`, `ngram`, `suffix`) or an EAGLE-3 head directory."""
+    """A drafter by method name (`none`, `ngram`, `suffix`) or a trained head directory."""
     if head_path is None:
         if name == "none":
             return NoDrafter()
@@ -421,8 +506,7 @@ def load_drafter(name: str, head_path: str | None = None, target: Target | None 
         if name == "suffix":
             return SuffixDrafter()
         raise ValueError(f"unknown method {name!r} (none, ngram, suffix, or a head directory)")
-    head, _ = load_eagle3_head(head_path, target)
-    return Eagle3Drafter(head, draft_sampling=draft_sampling, name=name)
+    return load_head_drafter(name, head_path, target, draft_sampling)[0]
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:

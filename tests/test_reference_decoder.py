@@ -11,7 +11,7 @@ import torch
 
 from draftsmith.eval.baselines import SuffixIndex, ngram_propose
 from draftsmith.eval import reference_decoder as rd
-from draftsmith.eval.reference_decoder import (DecodeStats, Eagle3Drafter, NgramDrafter, NoDrafter, SuffixDrafter,
+from draftsmith.eval.reference_decoder import (DecodeStats, Eagle3Drafter, MLPSpeculatorDrafter, NgramDrafter, NoDrafter, SuffixDrafter,
                                                alpha_from_tau, decode_prompts, expected_speedup,
                                                expected_tokens_per_step, recommend_k, speculative_generate,
                                                verify_greedy, verify_sampled)
@@ -47,6 +47,25 @@ def make_head(model, draft_vocab_size, seed=0, logit_scale=1.0, aux=AUX):
     return head.double().eval()
 
 
+def make_mlp(model, n_predict=5, seed=0):
+    from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+
+    torch.manual_seed(seed)
+    return MLPSpeculator(MLPSpeculatorConfig.from_target(model.config, n_predict=n_predict)).double().eval()
+
+
+def test_mlp_speculator_adapter_proposes_what_the_head_proposes(tiny128):
+    mlp = make_mlp(tiny128.model, n_predict=3)
+    prompt = PROMPTS[0]
+    f = tiny128.features(torch.tensor([prompt]))
+    first = int(f.logits[0, -1].argmax())
+    drafter = MLPSpeculatorDrafter(mlp)
+    drafter.start(prompt)
+    drafter.observe(0, prompt[1:] + [first], rd.Features(aux=f.aux[0], last=f.last[0], logits=f.logits[0]))
+    got = drafter.propose(prompt + [first], 5, 0.0, None).tokens  # capped at n_predict
+    assert got == mlp.propose(f.last[0, -1:], torch.tensor([first]), 3)[0].tolist()
+
+
 @pytest.fixture(scope="module")
 def tiny128():
     return Target(build_tiny_llama(vocab_size=128, seed=3).double(), AUX)
@@ -69,7 +88,7 @@ def test_greedy_equals_plain_decoding_for_every_drafter(tiny128):
     head = make_head(model, 32, seed=1)
     expected = [plain_greedy(model, p, 24) for p in PROMPTS]
     drafters = [NoDrafter(), NgramDrafter(2, 5), NgramDrafter(1, 3), SuffixDrafter(),
-                Eagle3Drafter(head), Eagle3Drafter(head, draft_sampling="sample")]
+                Eagle3Drafter(head), Eagle3Drafter(head, draft_sampling="sample"), MLPSpeculatorDrafter(make_mlp(model))]
     for drafter in drafters:
         for k in (1, 3, 5):
             outs, s = decode_prompts(tiny128, drafter, PROMPTS, k=k, max_tokens=24)

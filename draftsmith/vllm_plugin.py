@@ -23,6 +23,12 @@ model runner raises "Unknown speculative decoding method" for it), but it builds
 Rejection, the bonus token and the spec-decode counters (`vllm:spec_decode_*`) are vLLM's own, as for
 every other method. Where the exported directory comes from: `additional_config["mlp_speculator"]`
 (vLLM's slot for plugin settings) or, failing that, the environment variable DRAFTSMITH_MLP_SPECULATOR.
+
+The `vllm.general_plugins` entry point (`register`, run by vLLM in every engine process) also lets the
+directory itself name the class: `{"method": "custom_class", "model": "exported/mlp_smollm2.MLPSpeculator"}`.
+vLLM imports the part before the last dot as a module; the plugin's import finder answers for a path
+to an exported MLP speculator with a module whose `MLPSpeculator` is this proposer bound to that path
+(the path must contain no other dot, since Python reads dots in module names as packages).
 """
 
 from __future__ import annotations
@@ -63,9 +69,11 @@ def load_speculator(head_dir: str | os.PathLike, device="cpu", dtype=torch.float
 class MLPSpeculatorProposer:
     """vLLM `custom_class` drafter: the MLP speculator's greedy chain on the target's last hidden state."""
 
+    head_dir: str | None = None  # set on the classes the import finder binds to a directory
+
     def __init__(self, vllm_config):
         extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
-        head_dir = extra.get("mlp_speculator") or os.environ.get(ENV)
+        head_dir = self.head_dir or extra.get("mlp_speculator") or os.environ.get(ENV)
         if not head_dir:
             raise ValueError(f"{CLASS_PATH}: no speculator directory; pass additional_config={{'mlp_speculator': DIR}} "
                              f"or set {ENV}")
@@ -127,3 +135,41 @@ class MLPSpeculatorProposer:
                 drafts[i] = d
         self.captured = {}
         return drafts
+
+
+class _SpeculatorDirFinder:
+    """Import hook: a module name that is a path to an exported MLP speculator -> a module holding its proposer."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        import importlib.util
+
+        if "/" not in fullname and not fullname.startswith("~"):
+            return None  # ordinary module names never reach the file system here
+        head_dir = Path(fullname).expanduser()
+        try:
+            config = json.loads((head_dir / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if config.get("model_type") != "mlp_speculator":
+            return None
+        return importlib.util.spec_from_loader(fullname, _SpeculatorDirLoader(str(head_dir.resolve())))
+
+
+class _SpeculatorDirLoader:
+    def __init__(self, head_dir: str):
+        self.head_dir = head_dir
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.MLPSpeculator = type("MLPSpeculator", (MLPSpeculatorProposer,), {"head_dir": self.head_dir})
+
+
+def register() -> None:
+    """vLLM general plugin: install the import finder (idempotent; vLLM may call it in several processes)."""
+    import sys
+
+    if not any(isinstance(f, _SpeculatorDirFinder) for f in sys.meta_path):
+        sys.meta_path.append(_SpeculatorDirFinder())

@@ -4,7 +4,8 @@ r"""Served acceptance: every method in real vLLM speculative decoding on the sam
         --prompts ../shared/data/spec_bench_questions.jsonl --num-prompts 20 --k 3 --out runs/acceptance
 
 Methods: `none` (no speculation: reference outputs and speed), `ngram` (prompt lookup), `suffix`
-(suffix decoding, arctic-inference) and one per exported EAGLE-3 head. Each runs in its own child
+(suffix decoding, arctic-inference) and one per exported head: EAGLE-3, or an MLP speculator (served
+through vLLM's custom_class proposer, `draftsmith.vllm_plugin`). Each runs in its own child
 process (`draftsmith.eval.vllm_runner`) on the same token ids, rendered once here with the target's
 chat template. Figures come from vLLM's own counters, differenced around the timed generation:
 
@@ -56,6 +57,8 @@ def head_method(head_dir: str) -> str:
     if not cfg_path.is_file():
         raise FileNotFoundError(f"head {head_dir}: no config.json (expected an exported EAGLE-3 directory)")
     cfg = json.loads(cfg_path.read_text())
+    if cfg.get("model_type") == "mlp_speculator":
+        return "mlp_speculator"  # served by our custom_class proposer (vLLM V1 has no such method)
     # vLLM infers the method only when the head itself is served as the model; given as the draft
     # `model` next to a target, an unset method means "draft_model" (a full LM), so name it here.
     method = cfg.get("speculators_model_type", "eagle3")
@@ -75,7 +78,21 @@ def speculative_config(name: str, k: int, heads: dict[str, str], ngram_min: int,
         # suffix decoding proposes up to k tokens (a tree walk of dynamic length)
         return {"method": "suffix", "num_speculative_tokens": k}
     head_dir = str(Path(heads[name]).resolve())
-    return {"method": head_method(head_dir), "model": head_dir, "num_speculative_tokens": k}
+    method = head_method(head_dir)
+    if method == "mlp_speculator":
+        from draftsmith.vllm_plugin import speculative_kwargs
+
+        return speculative_kwargs(head_dir, k)["speculative_config"]
+    return {"method": method, "model": head_dir, "num_speculative_tokens": k}
+
+
+def head_engine_kwargs(name: str, heads: dict[str, str]) -> dict:
+    """Extra LLM(...) arguments a head needs: an MLP speculator's directory travels in additional_config."""
+    if name not in heads or head_method(str(Path(heads[name]).resolve())) != "mlp_speculator":
+        return {}
+    from draftsmith.vllm_plugin import speculative_kwargs
+
+    return {"additional_config": speculative_kwargs(heads[name])["additional_config"]}
 
 
 def acceptance_metrics(counters: dict) -> dict:
@@ -260,7 +277,7 @@ def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: di
             progress.update(task, completed=i * len(prompts), description=f"{name}: starting engine")
             job = {"name": name, "target": target, "speculative_config": spec[name], "prompt_token_ids": prompt_ids,
                    "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
-                   "engine": llm_kwargs, "batch_size": settings["batch_size"],
+                   "engine": {**llm_kwargs, **head_engine_kwargs(name, heads)}, "batch_size": settings["batch_size"],
                    "warmup_tokens": settings["warmup_tokens"]}
             t0 = time.perf_counter()
             children[name] = _run_child(name, job, runs_dir, env, settings["timeout_s"], progress, task)

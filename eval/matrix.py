@@ -1,0 +1,337 @@
+r"""The acceptance matrix: methods × workloads × k × temperature, served in vLLM and decoded by the in-process
+reference decoder, with calibration, k recommendation, a markdown report and PNG plots.
+
+    draftsmith eval matrix --target smollm2 --head mine=outputs/quickstart \
+        --workloads chat=outputs/quickstart/heldout_prompts.jsonl,mtbench,code \
+        --ks 1,2,3,4,5,6,7 --temperatures 0,1 --num-prompts 16 --max-tokens 128 --out runs/matrix
+
+A head is NAME=DIR where DIR is an exported directory or a training checkpoint / run dir (exported here
+for vLLM; its held-out simulated acceptance length joins the calibration table). Writes
+OUT/matrix.json, OUT/report.md, OUT/plots/*.png, and per cell OUT/served/<workload>/T<t>/k<k>/ (the
+`draftsmith eval acceptance` outputs of that cell).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from draftsmith.eval.acceptance import BASELINES, _versions, compare_outputs, run_acceptance
+from draftsmith.eval.prompts import load_workload, render_prompts
+from draftsmith.eval.reference_decoder import (alpha_from_tau, decode_prompts, expected_speedup, head_family,
+                                               load_drafter, load_head_drafter)
+
+KEYS = ("mean_acceptance_length", "acceptance_rate", "per_position_acceptance", "tokens_per_target_step",
+        "output_tokens_per_s", "match_vs_none", "counters", "status")
+
+
+def tau_standard_error(counters: dict | None) -> float | None:
+    """Standard error of τ from per-position counts: accepted_per_pos[i] = drafts accepting >= i+1 tokens,
+    so the distribution of accepted length per draft (and its variance) follows exactly."""
+    if not counters or not counters.get("num_drafts"):
+        return None
+    n, per = counters["num_drafts"], counters["num_accepted_tokens_per_pos"]
+    at_least = [n, *per, 0]  # drafts with >= j accepted, j = 0..k+1
+    probs = [(at_least[j] - at_least[j + 1]) / n for j in range(len(per) + 1)]  # P(L = j)
+    mean = sum(j * p for j, p in enumerate(probs))
+    var = sum((j - mean) ** 2 * p for j, p in enumerate(probs))
+    return math.sqrt(var / n)
+
+
+def sim_tau(metrics: dict, k: int, ttt_steps: int | None) -> float | None:
+    """The training-time estimate of τ for chains of k: `eval/sim_accept_len` at k = the TTT depth, else the
+    chained held-out step accuracies 1 + Σ_i Π_{j<=i} acc_j (None beyond the depth trained)."""
+    if k == ttt_steps and metrics.get("eval/sim_accept_len") is not None:
+        return metrics["eval/sim_accept_len"]
+    acc = metrics.get("eval/acc")
+    if not acc or k > len(acc):
+        return None
+    tau, run = 1.0, 1.0
+    for a in acc[:k]:
+        run *= a
+        tau += run
+    return tau
+
+
+def _prepare_heads(heads: dict[str, str], target: str, out: Path, log) -> tuple[dict, dict]:
+    """(name -> exported dir for vLLM, name -> {family, source, metrics, depth})."""
+    from draftsmith.train.checkpoint import load_head, resolve_checkpoint
+
+    served, info = {}, {}
+    for name, path in heads.items():
+        p = Path(path)
+        family = head_family(p)
+        if (p / "config.json").is_file():
+            served[name], metrics = str(p), {}
+            meta = json.loads((p / "draftsmith.json").read_text()) if (p / "draftsmith.json").is_file() else {}
+            cfg = meta.get("head_config", {})
+        else:  # a checkpoint: export it for vLLM, keep its training metrics for calibration
+            meta, state = load_head(resolve_checkpoint(p))
+            cfg, metrics = meta["config"], meta.get("metrics") or {}
+            dest = out / "heads" / name
+            if family == "mlp_speculator":
+                from draftsmith.export.mlp import export_mlp_speculator
+                from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
+
+                export_mlp_speculator(state, MLPSpeculatorConfig(**cfg), dest, verifier=target)
+            else:
+                from draftsmith.export.vllm import export_eagle3
+                from draftsmith.train.heads.eagle3 import Eagle3Config
+
+                export_eagle3(state, Eagle3Config(**cfg), dest, verifier=target)
+            served[name] = str(dest)
+            log(f"exported head {name} ({family}) from {resolve_checkpoint(p)} -> {dest}")
+        info[name] = {"family": family, "source": str(p), "served_dir": served[name], "metrics": metrics,
+                      "depth": cfg.get("ttt_steps") or cfg.get("n_predict")}
+    return served, info
+
+
+def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dict[str, str], ks: list[int],
+               temperatures: list[float], max_tokens: int, num_prompts: int | None, out_dir: str, seed: int = 0,
+               served: bool = True, reference: bool = True, chat_file: str | None = None, **engine) -> dict:
+    """Run the whole matrix; write matrix.json, report.md and plots under out_dir."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from draftsmith.assets import resolve_target
+    from draftsmith.train.target import Target
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = print
+    bad = [m for m in methods if m not in BASELINES]
+    if bad:
+        raise ValueError(f"unknown methods {bad}: choose from {list(BASELINES)} (heads go in `heads`)")
+    if not ks or min(ks) < 1:
+        raise ValueError(f"k values must be >= 1, got {ks}")
+    target = resolve_target(str(target))
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    stop_ids = tuple(sorted({i for i in [tokenizer.eos_token_id, *_generation_eos(target)] if i is not None}))
+    served_heads, head_info = _prepare_heads(heads, target, out, log)
+    names = list(dict.fromkeys([*methods, *heads]))
+
+    wl: dict[str, dict] = {}
+    for spec in workloads:
+        name, prompts, source = load_workload(spec, num_prompts, chat_file)
+        f = out / "workloads" / f"{name}.jsonl"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(json.dumps({"messages": p["messages"], "id": p["id"]}) + "\n" for p in prompts))
+        wl[name] = {"file": str(f), "source": source, "num_prompts": len(prompts),
+                    "prompt_ids": render_prompts(tokenizer, prompts)}
+
+    cells: list[dict] = []  # one per (source, workload, temperature, k, method)
+    t_start = time.perf_counter()
+    if reference:
+        model = Target.from_pretrained(target, aux_layer_ids=[0]).model  # the HF model; each drafter picks its aux ids
+        threads = torch.get_num_threads()
+        drafters = {}
+        for name in names:
+            if name in heads:
+                aux = _aux_ids(head_info[name], heads[name])
+                tgt = Target(model, aux or [0])  # aux states feed EAGLE-3 only; [0] is a cheap placeholder
+                drafters[name] = (load_head_drafter(name, heads[name], tgt)[0], tgt)
+            else:
+                drafters[name] = (load_drafter(name, ngram_min=engine.get("ngram_min", 2),
+                                               ngram_max=engine.get("ngram_max", 5)), Target(model, [0]))
+        for wname, w in wl.items():
+            for temp in temperatures:
+                none_out, none_speed = None, None
+                for k in ks:
+                    for name in names:
+                        if name == "none" and k != ks[0]:
+                            continue
+                        drafter, tgt = drafters[name]
+                        t0 = time.perf_counter()
+                        outs, s = decode_prompts(tgt, drafter, w["prompt_ids"], k=k, max_tokens=max_tokens,
+                                                 temperature=temp, seed=seed, stop_ids=stop_ids)
+                        if name == "none":
+                            none_out, none_speed = outs, s["output_tokens_per_s"]
+                            s.update(mean_acceptance_length=None, per_position_acceptance=None)
+                        s["speedup_vs_none"] = (s["output_tokens_per_s"] / none_speed
+                                                if none_out is not None and none_speed else None)
+                        match = compare_outputs(outs, none_out)[0] if temp == 0 and none_out and name != "none" else None
+                        cells.append({"source": "reference", "workload": wname, "temperature": temp, "k": k,
+                                      "method": name, "status": "ok", "match_vs_none": match, "torch_threads": threads,
+                                      **s})
+                        log(f"reference {wname} T={temp} k={k} {name}: τ={_f(s['mean_acceptance_length'])} "
+                            f"tok/step={_f(s['tokens_per_target_step'])} ({time.perf_counter() - t0:.0f} s)")
+        del model
+    if served:
+        for wname, w in wl.items():
+            for temp in temperatures:
+                none_row = None
+                for k in ks:
+                    run_methods = [m for m in methods if m != "none" or k == ks[0]]
+                    cell_dir = out / "served" / wname / f"T{temp:g}" / f"k{k}"
+                    r = run_acceptance(target, w["file"], run_methods, served_heads, k=k, max_tokens=max_tokens,
+                                       num_prompts=None, out_dir=str(cell_dir), temperature=temp, seed=seed, **engine)
+                    none_row = r["methods"].get("none", none_row)
+                    for name, row in r["methods"].items():
+                        cell = {"source": "served", "workload": wname, "temperature": temp, "k": k, "method": name,
+                                **{key: row.get(key) for key in KEYS}, "generation_s": row.get("generation_s"),
+                                "generated_tokens": row.get("generated_tokens"),
+                                "speculative_config": row.get("speculative_config"), "dir": str(cell_dir)}
+                        if name != "none" and none_row and row.get("status") == "ok":
+                            cell.update(_served_vs_none(row, none_row, k, temp))
+                        cells.append(cell)
+                    engine_used, versions = r["engine"], r["versions"]
+    analysis = analyse(cells, head_info, ks)
+    result = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "target": target,
+        "workloads": {n: {k: v for k, v in w.items() if k != "prompt_ids"} for n, w in wl.items()},
+        "methods": names, "heads": head_info, "ks": ks, "temperatures": temperatures, "max_tokens": max_tokens,
+        "seed": seed, "stop_ids": list(stop_ids), "engine": engine_used if served else None,
+        "versions": versions if served else {**_versions(), "python": platform.python_version()},
+        "elapsed_s": time.perf_counter() - t_start, "cells": cells, **analysis,
+    }
+    (out / "matrix.json").write_text(json.dumps(result, indent=2) + "\n")
+    from draftsmith.eval.report import write_plots, write_report
+
+    result["plots"] = write_plots(result, out / "plots")
+    (out / "report.md").write_text(write_report(result))
+    (out / "matrix.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _f(x, spec=".2f"):
+    return "—" if x is None else format(x, spec)
+
+
+def _aux_ids(info: dict, path: str) -> list[int] | None:
+    if info["family"] != "eagle3":
+        return None
+    p = Path(path)
+    meta = (json.loads((p / "draftsmith.json").read_text())["head_config"] if (p / "draftsmith.json").is_file()
+            else None)
+    if meta is None:
+        from draftsmith.train.checkpoint import load_head
+
+        meta = load_head(p)[0]["config"]
+    return meta["aux_layer_ids"]
+
+
+def _generation_eos(target: str) -> list[int]:
+    """eos ids from generation_config.json (what vLLM stops on), as a list."""
+    f = Path(target) / "generation_config.json"
+    if not f.is_file():
+        return []
+    eos = json.loads(f.read_text()).get("eos_token_id")
+    return [eos] if isinstance(eos, int) else list(eos or [])
+
+
+def _served_vs_none(row: dict, none_row: dict, k: int, temp: float) -> dict:
+    """Served draft cost c (from step times against no speculation) and the match with none's outputs."""
+    extra: dict = {}
+    gen, acc = row.get("generated_tokens"), (row.get("counters") or {}).get("num_accepted_tokens", 0)
+    steps, none_steps = gen - acc, none_row.get("generated_tokens")
+    if steps and none_steps and row.get("generation_s") and none_row.get("generation_s"):
+        t_step = row["generation_s"] / steps
+        t_none = none_row["generation_s"] / none_steps
+        extra["draft_cost_ratio"] = max(0.0, (t_step / t_none - 1.0) / k)
+        extra["speedup_vs_none"] = (gen / row["generation_s"]) / (none_steps / none_row["generation_s"])
+    if temp == 0 and row.get("match_vs_none") is None and none_row.get("outputs") and row.get("outputs"):
+        mine = json.loads(Path(row["outputs"]).read_text())["output_token_ids"]
+        ref = json.loads(Path(none_row["outputs"]).read_text())["output_token_ids"]
+        extra["match_vs_none"] = compare_outputs(mine, ref)[0]
+    return extra
+
+
+def analyse(cells: list[dict], head_info: dict, ks: list[int]) -> dict:
+    """Expected speedups, k recommendations and the calibration table from the cells."""
+    for c in cells:
+        tau = c.get("mean_acceptance_length")
+        c["tau_se"] = tau_standard_error(c.get("counters"))
+        cost = c.get("draft_cost_ratio")
+        if tau is not None and c["method"] != "none" and cost is not None:
+            a = alpha_from_tau(min(max(tau, 1.0), c["k"] + 1), c["k"])
+            c["alpha_iid"] = a
+            c["expected_speedup"] = expected_speedup(a, c["k"], cost)
+    recommend = []
+    groups: dict[tuple, list[dict]] = {}
+    for c in cells:
+        if c["method"] != "none" and c.get("status") == "ok":
+            groups.setdefault((c["source"], c["workload"], c["temperature"], c["method"]), []).append(c)
+    for (source, wname, temp, method), cs in groups.items():
+        exp = {c["k"]: c["expected_speedup"] for c in cs if c.get("expected_speedup") is not None}
+        meas = {c["k"]: c["speedup_vs_none"] for c in cs if c.get("speedup_vs_none") is not None}
+        recommend.append({"source": source, "workload": wname, "temperature": temp, "method": method,
+                          "best_k_expected": max(exp, key=exp.get) if exp else None,
+                          "expected_speedup": exp.get(max(exp, key=exp.get)) if exp else None,
+                          "best_k_measured": max(meas, key=meas.get) if meas else None,
+                          "measured_speedup": meas.get(max(meas, key=meas.get)) if meas else None})
+    by = {(c["source"], c["workload"], c["temperature"], c["k"], c["method"]): c for c in cells}
+    calibration = []
+    for (source, wname, temp, k, method), c in by.items():
+        if source != "served" or method == "none" or c.get("status") != "ok":
+            continue
+        ref = by.get(("reference", wname, temp, k, method))
+        info = head_info.get(method, {})
+        sim = sim_tau(info.get("metrics") or {}, k, info.get("depth")) if info else None
+        tau_s = c.get("mean_acceptance_length")
+        row = {"workload": wname, "temperature": temp, "k": k, "method": method, "served_tau": tau_s,
+               "served_se": c.get("tau_se"), "reference_tau": ref and ref.get("mean_acceptance_length"),
+               "reference_se": ref and ref.get("tau_se"), "simulated_tau": sim}
+        if row["reference_tau"] is not None and tau_s is not None:
+            row["reference_error"] = row["reference_tau"] - tau_s
+            se = math.hypot(row["served_se"] or 0.0, row["reference_se"] or 0.0)
+            row["tolerance"] = 3 * se  # 3 standard errors of the difference of two independent means
+            row["within_tolerance"] = abs(row["reference_error"]) <= row["tolerance"] + 1e-9
+        if sim is not None and tau_s is not None:
+            row["simulated_error"] = sim - tau_s
+        calibration.append(row)
+    return {"recommendations": recommend, "calibration": calibration}
+
+
+def _ints(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        out += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    import sys
+
+    from draftsmith.eval.acceptance import ENGINE_DEFAULTS
+    from draftsmith.eval.cli import _head, _methods
+    from draftsmith.eval.prompts import PromptFileError
+
+    p = argparse.ArgumentParser(prog="draftsmith eval matrix", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="target HF dir, or `smollm2`")
+    p.add_argument("--head", type=_head, action="append", default=[], metavar="NAME=DIR",
+                   help="exported head dir or training checkpoint/run dir (repeatable)")
+    p.add_argument("--methods", type=_methods, default=list(BASELINES), help="built-in methods (default none,ngram,suffix)")
+    p.add_argument("--workloads", default="chat,mtbench,code",
+                   help="comma-separated: chat (needs --prompts or chat=FILE), mtbench, code, NAME=FILE.jsonl")
+    p.add_argument("--prompts", default=None, help="the chat workload's JSONL (e.g. a run's heldout_prompts.jsonl)")
+    p.add_argument("--ks", type=_ints, default=list(range(1, 8)), help="k sweep, e.g. 1-7 or 1,3,5 (default 1-7)")
+    p.add_argument("--temperatures", default="0,1", help="comma-separated (default 0,1: greedy and sampled)")
+    p.add_argument("--num-prompts", type=int, default=16, help="prompts per workload (default 16)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-served", action="store_true", help="skip vLLM (reference decoder only)")
+    p.add_argument("--no-reference", action="store_true", help="skip the in-process reference decoder")
+    p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS per vLLM engine")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per served method before it is killed")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    try:
+        result = run_matrix(args.target, [w for w in args.workloads.split(",") if w], args.methods, dict(args.head),
+                            args.ks, [float(t) for t in args.temperatures.split(",")], args.max_tokens,
+                            args.num_prompts, args.out, seed=args.seed, served=not args.no_served,
+                            reference=not args.no_reference, chat_file=args.prompts,
+                            ngram_min=ENGINE_DEFAULTS["ngram_min"], ngram_max=ENGINE_DEFAULTS["ngram_max"],
+                            threads=args.threads, timeout_s=args.timeout)
+    except (PromptFileError, FileNotFoundError, ValueError) as e:
+        print(f"draftsmith eval matrix: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}/matrix.json, report.md and {len(result.get('plots') or {})} plots")
+    failed = [c for c in result["cells"] if c.get("status") != "ok"]
+    return 1 if failed else 0

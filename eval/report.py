@@ -1,0 +1,164 @@
+"""The acceptance matrix as a markdown report and PNG plots (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _f(x, spec: str = ".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _table(cols: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return lines
+
+
+def write_report(result: dict) -> str:
+    """Markdown: settings, one table per source × temperature (rows method × workload, k across), the
+    per-cell detail, k recommendations and the calibration table."""
+    v = result.get("versions") or {}
+    lines = [f"# Acceptance matrix: `{Path(result['target']).name}`", "",
+             f"{result['created']} · k ∈ {result['ks']} · temperatures {result['temperatures']} · "
+             f"max_tokens {result['max_tokens']} · seed {result['seed']} · vLLM {v.get('vllm')} · "
+             f"torch {v.get('torch')} · transformers {v.get('transformers')}", "",
+             "Workloads: " + ", ".join(f"**{n}** ({w['num_prompts']} prompts, `{w['source']}`)"
+                                       for n, w in result["workloads"].items()), ""]
+    cells = result["cells"]
+    ks = result["ks"]
+    for source in ("served", "reference"):
+        for temp in result["temperatures"]:
+            sub = [c for c in cells if c["source"] == source and c["temperature"] == temp]
+            if not sub:
+                continue
+            title = "served in vLLM" if source == "served" else "in-process reference decoder"
+            lines += [f"## τ (mean acceptance length), {title}, temperature {temp:g}", ""]
+            rows = []
+            for wname in result["workloads"]:
+                for method in result["methods"]:
+                    if method == "none":
+                        continue
+                    by_k = {c["k"]: c for c in sub if c["workload"] == wname and c["method"] == method}
+                    if not by_k:
+                        continue
+                    rows.append([method, wname] + [
+                        ("failed" if by_k[k].get("status") != "ok" else _f(by_k[k].get("mean_acceptance_length")))
+                        if k in by_k else "" for k in ks])
+            lines += _table(["method", "workload"] + [f"k={k}" for k in ks], rows) + [""]
+            lines += [f"Detail ({title}, T={temp:g}): α, per-position acceptance, tokens per target step, "
+                      "expected speedup (α i.i.d. fitted to τ, c measured), measured speedup vs none, greedy match.", ""]
+            rows = []
+            for c in sorted(sub, key=lambda c: (c["workload"], c["method"] != "none", c["method"], c["k"])):
+                if c.get("status") != "ok":
+                    rows.append([c["workload"], c["method"], c["k"], "failed"] + [""] * 7)
+                    continue
+                pos = c.get("per_position_acceptance")
+                rows.append([c["workload"], c["method"], c["k"], _f(c.get("mean_acceptance_length")),
+                             _f(c.get("acceptance_rate")), "[" + ", ".join(_f(p) for p in pos) + "]" if pos else "—",
+                             _f(c.get("tokens_per_target_step")), _f(c.get("draft_cost_ratio"), ".3f"),
+                             _f(c.get("expected_speedup")), _f(c.get("speedup_vs_none")),
+                             "ref" if c["method"] == "none" else _f(c.get("match_vs_none"))])
+            lines += _table(["workload", "method", "k", "τ", "α", "accept/pos", "tok/step", "c", "exp. speedup",
+                             "speedup", "match none"], rows) + [""]
+    rec = result.get("recommendations") or []
+    if rec:
+        lines += ["## Recommended k", "",
+                  "Per workload and method: the k with the best expected speedup "
+                  "(1−α^(k+1))/((1−α)(k·c+1)) and, for served runs, the best measured tok/s against no speculation.", ""]
+        lines += _table(["source", "workload", "T", "method", "best k (expected)", "expected speedup",
+                         "best k (measured)", "measured speedup"],
+                        [[r["source"], r["workload"], f"{r['temperature']:g}", r["method"], _f(r["best_k_expected"], "d"),
+                          _f(r["expected_speedup"]), _f(r["best_k_measured"], "d"), _f(r["measured_speedup"])]
+                         for r in rec]) + [""]
+    cal = result.get("calibration") or []
+    if cal:
+        lines += ["## Calibration: offline estimates against served τ", "",
+                  "reference − served must lie within 3 standard errors of the difference (SE of τ from the "
+                  "accepted-length distribution each run's per-position counts give); simulated = the head's "
+                  "held-out training-time estimate (`eval/sim_accept_len` at its TTT depth, chained step "
+                  "accuracies below it).", ""]
+        lines += _table(["workload", "T", "k", "method", "served τ", "reference τ", "ref − served", "tolerance",
+                         "ok", "simulated τ", "sim − served"],
+                        [[r["workload"], f"{r['temperature']:g}", r["k"], r["method"], _f(r["served_tau"], ".3f"),
+                          _f(r["reference_tau"], ".3f"), _f(r.get("reference_error"), "+.3f"),
+                          _f(r.get("tolerance"), ".3f"),
+                          {True: "yes", False: "**no**", None: "—"}[r.get("within_tolerance")],
+                          _f(r["simulated_tau"], ".3f"), _f(r.get("simulated_error"), "+.3f")] for r in cal]) + [""]
+    for name, path in (result.get("plots") or {}).items():
+        lines += [f"![{name}]({Path(path).relative_to(Path(path).parent.parent)})", ""]
+    return "\n".join(lines)
+
+
+def write_plots(result: dict, plot_dir: str | Path) -> dict[str, str]:
+    """per_position.png, tau_vs_k.png, speedup_vs_k.png, acceptance_by_output_position.png; {name: path}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plot_dir = Path(plot_dir)
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    cells = [c for c in result["cells"] if c.get("status") == "ok" and c["method"] != "none"]
+    if not cells:
+        return {}
+    workloads = list(result["workloads"])
+    source = "served" if any(c["source"] == "served" for c in cells) else "reference"
+    temp = result["temperatures"][0]
+    kmax = max(result["ks"])
+    style = {"served": "-", "reference": "--"}
+    paths = {}
+
+    def grid(title):
+        fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 3.4), squeeze=False)
+        fig.suptitle(title)
+        return fig, axes[0]
+
+    def save(fig, axes, name):
+        for ax in axes:
+            ax.grid(alpha=0.3)
+        handles, labels = axes[0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8)
+        fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+        path = plot_dir / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths[name] = str(path)
+
+    fig, axes = grid(f"per-position acceptance, k={kmax}, T={temp:g} ({source}: solid = served, dashed = reference)")
+    for ax, w in zip(axes, workloads):
+        for c in cells:
+            if c["workload"] == w and c["k"] == kmax and c["temperature"] == temp and c.get("per_position_acceptance"):
+                pos = c["per_position_acceptance"]
+                ax.plot(range(1, len(pos) + 1), pos, style[c["source"]], marker="o", label=f"{c['method']} ({c['source']})")
+        ax.set(title=w, xlabel="draft position", ylabel="accepted share of drafts", ylim=(0, 1))
+    save(fig, axes, "per_position")
+
+    for key, name, ylabel in (("mean_acceptance_length", "tau_vs_k", "τ"),
+                              ("expected_speedup", "speedup_vs_k", "expected speedup")):
+        fig, axes = grid(f"{ylabel} vs k, T={temp:g} (solid = served, dashed = reference)")
+        for ax, w in zip(axes, workloads):
+            series: dict[tuple, list] = {}
+            for c in cells:
+                if c["workload"] == w and c["temperature"] == temp and c.get(key) is not None:
+                    series.setdefault((c["method"], c["source"]), []).append((c["k"], c[key]))
+            for (method, src), pts in sorted(series.items()):
+                pts.sort()
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style[src], marker="o", label=f"{method} ({src})")
+            if key == "expected_speedup":
+                ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set(title=w, xlabel="k", ylabel=ylabel)
+        save(fig, axes, name)
+
+    fig, axes = grid(f"acceptance over output position (reference decoder, k={kmax}, T={temp:g})")
+    for ax, w in zip(axes, workloads):
+        for c in cells:
+            by = c.get("acceptance_by_output_position")
+            if c["source"] == "reference" and c["workload"] == w and c["k"] == kmax and c["temperature"] == temp and by:
+                xs = [(i + 0.5) * by["bin_size"] for i, a in enumerate(by["acceptance_rate"]) if a is not None]
+                ys = [a for a in by["acceptance_rate"] if a is not None]
+                ax.plot(xs, ys, marker=".", label=c["method"])
+        ax.set(title=w, xlabel="output token position", ylabel="α (draft tokens accepted)", ylim=(0, 1))
+    save(fig, axes, "acceptance_by_output_position")
+    return paths

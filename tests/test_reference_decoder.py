@@ -342,3 +342,12 @@ def test_stats_bins_and_summary():
     assert m["per_position_acceptance"] == [0.5, 0.5, 0.0]
     assert m["acceptance_by_output_position"]["draft_tokens"] == [3, 3]
     assert m["acceptance_by_output_position"]["acceptance_rate"] == [pytest.approx(2 / 3), 0.0]
+
+
+def test_generation_ends_at_the_first_stop_token(tiny128):
+    full = plain_greedy(tiny128.model, PROMPTS[2], 24)
+    stop = full[6]
+    want = full[:full.index(stop) + 1]
+    for drafter in (NoDrafter(), NgramDrafter(1, 3)):
+        out = speculative_generate(tiny128, drafter, PROMPTS[2], k=4, max_tokens=24, stop_ids=(stop,))
+        assert out == want, drafter.name

@@ -103,10 +103,10 @@ def write_plots(result: dict, plot_dir: str | Path) -> dict[str, str]:
     if not cells:
         return {}
     workloads = list(result["workloads"])
-    source = "served" if any(c["source"] == "served" for c in cells) else "reference"
     temp = result["temperatures"][0]
     kmax = max(result["ks"])
     style = {"served": "-", "reference": "--"}
+    color = {m: f"C{i}" for i, m in enumerate(result["methods"])}  # one colour per method in every plot
     paths = {}
 
     def grid(title):
@@ -126,12 +126,14 @@ def write_plots(result: dict, plot_dir: str | Path) -> dict[str, str]:
         plt.close(fig)
         paths[name] = str(path)
 
-    fig, axes = grid(f"per-position acceptance, k={kmax}, T={temp:g} ({source}: solid = served, dashed = reference)")
+    fig, axes = grid(f"per-position acceptance, k={kmax}, T={temp:g} (solid = served, dashed = reference)")
     for ax, w in zip(axes, workloads):
         for c in cells:
             if c["workload"] == w and c["k"] == kmax and c["temperature"] == temp and c.get("per_position_acceptance"):
                 pos = c["per_position_acceptance"]
-                ax.plot(range(1, len(pos) + 1), pos, style[c["source"]], marker="o", label=f"{c['method']} ({c['source']})")
+                ax.plot(range(1, len(pos) + 1), pos, style[c["source"]], marker="o", color=color[c["method"]],
+                        label=f"{c['method']} ({c['source']})")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set(title=w, xlabel="draft position", ylabel="accepted share of drafts", ylim=(0, 1))
     save(fig, axes, "per_position")
 
@@ -145,7 +147,9 @@ def write_plots(result: dict, plot_dir: str | Path) -> dict[str, str]:
                     series.setdefault((c["method"], c["source"]), []).append((c["k"], c[key]))
             for (method, src), pts in sorted(series.items()):
                 pts.sort()
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style[src], marker="o", label=f"{method} ({src})")
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style[src], marker="o", color=color[method],
+                        label=f"{method} ({src})")
+            ax.xaxis.get_major_locator().set_params(integer=True)
             if key == "expected_speedup":
                 ax.axhline(1.0, color="grey", lw=0.8)
             ax.set(title=w, xlabel="k", ylabel=ylabel)
@@ -158,7 +162,7 @@ def write_plots(result: dict, plot_dir: str | Path) -> dict[str, str]:
             if c["source"] == "reference" and c["workload"] == w and c["k"] == kmax and c["temperature"] == temp and by:
                 xs = [(i + 0.5) * by["bin_size"] for i, a in enumerate(by["acceptance_rate"]) if a is not None]
                 ys = [a for a in by["acceptance_rate"] if a is not None]
-                ax.plot(xs, ys, marker=".", label=c["method"])
+                ax.plot(xs, ys, marker=".", color=color[c["method"]], label=c["method"])
         ax.set(title=w, xlabel="output token position", ylabel="α (draft tokens accepted)", ylim=(0, 1))
     save(fig, axes, "acceptance_by_output_position")
     return paths

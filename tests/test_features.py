@@ -112,3 +112,18 @@ def test_regenerate_with_vllm_equals_hf_greedy(tiny_target_dir, tmp_path):
     assert ra.keys() == rb.keys() == {f"q{i}" for i in range(4)}
     assert [ra[k]["messages"][-1] for k in ra] == [rb[k]["messages"][-1] for k in ra]
     assert all(ra[k]["answer_tokens"] == rb[k]["answer_tokens"] for k in ra)
+
+
+@pytest.mark.slow
+def test_regen_data_path_generates_once_and_trains(tiny_target_dir, data_file, tmp_path, monkeypatch):
+    """data.path=regen:SOURCE re-answers SOURCE with the target (vLLM here), caches it, and trains on it."""
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    args = (f"data.path=regen:{data_file}", "data.regen_max_tokens=12", "optim.max_steps=2", "eval_every=0")
+    first = run_train(tiny_target_dir, data_file, tmp_path / "a", *args)
+    assert "regenerate: 32 first turns" in first.stdout
+    made = list((tmp_path / "cache" / "regen").glob("*.jsonl"))
+    assert len(made) == 1 and len(made[0].read_text().splitlines()) == 32
+    answers = [json.loads(x)["messages"][-1]["content"] for x in made[0].read_text().splitlines()]
+    assert not any("remarkable" in a for a in answers)  # the source's answers were replaced
+    second = run_train(tiny_target_dir, data_file, tmp_path / "b", *args)
+    assert "regenerate:" not in second.stdout  # cached: the target is not asked again

@@ -104,9 +104,33 @@ def warm_start(head: Eagle3Head, target: Target) -> None:
     warm_start_output(head, target)
 
 
+def regenerated_path(data_cfg, target_path: str) -> str:
+    """For data.path=regen:SOURCE, the JSONL of SOURCE's first turns re-answered by the target (made once,
+    cached under the draftsmith cache keyed by target, source and settings; a killed run resumes it)."""
+    import hashlib
+
+    from draftsmith.train.data.regenerate import regenerate
+
+    source = data_cfg.path[len("regen:"):]
+    key = json.dumps([str(target_path), source, data_cfg.num_conversations, data_cfg.regen_max_tokens,
+                      data_cfg.regen_temperature, data_cfg.seed])
+    out = cache_dir() / "regen" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".jsonl")
+    if not (out.parent / (out.name + ".complete")).is_file():
+        regenerate(str(target_path), source, str(out), data_cfg.num_conversations, data_cfg.regen_max_tokens,
+                   data_cfg.regen_temperature, data_cfg.seed)
+        (out.parent / (out.name + ".complete")).touch()
+    return str(out)
+
+
 def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
     """Prepared (cached) data plus the draft vocab from its supervised-token counts."""
-    data = prepare_data(cfg.data, tokenizer, cache_dir())
+    data_cfg = cfg.data
+    if str(data_cfg.path).startswith("regen:"):
+        from omegaconf import OmegaConf
+
+        data_cfg = OmegaConf.merge(data_cfg, {"path": regenerated_path(data_cfg, tokenizer.name_or_path),
+                                              "num_conversations": None})
+    data = prepare_data(data_cfg, tokenizer, cache_dir())
     pinned = sorted(special_ids(tokenizer))
     vocab = build_draft_vocab(data.counts, cfg.head.draft_vocab_size, pinned_ids=pinned)
     coverage = vocab.coverage(data.counts)

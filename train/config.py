@@ -44,7 +44,9 @@ class HeadConfig:
 
 @dataclass
 class DataConfig:
-    path: str = "sharegpt"  # "sharegpt" (embedded ShareGPT_V3), a JSON/JSONL file, or hf:NAME[:SPLIT]
+    # "sharegpt" (embedded ShareGPT_V3), a JSON/JSONL file, hf:NAME[:SPLIT], or regen:SOURCE = SOURCE's first
+    # turns re-answered by the target (draftsmith regenerate; generated once, cached, resumable)
+    path: str = "sharegpt"
     num_conversations: Optional[int] = None  # None = all
     heldout: int = 64  # conversations held out from training (eval + served prompts)
     max_length: int = 2048  # tokens per sample after truncation
@@ -53,6 +55,8 @@ class DataConfig:
     seed: int = 0
     # online: the target runs on every batch; memory: once per sample, its features kept for later epochs
     features: str = "online"
+    regen_max_tokens: int = 256  # regen: answer length cap
+    regen_temperature: float = 0.0  # regen: 0 = greedy, what greedy serving sees
 
 
 @dataclass

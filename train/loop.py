@@ -28,11 +28,16 @@ def print0(accelerator, *args) -> None:
         print(*args, flush=True)
 
 
-def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warmup then cosine decay to min_ratio, as a multiplier of the peak lr."""
+def lr_lambda(step: int, warmup: int, total: int, min_ratio: float, time_frac: float = 0.0) -> float:
+    """Linear warmup then cosine decay to min_ratio, as a multiplier of the peak lr.
+
+    Progress is the larger of the steps done (of `total`, from max_steps / max_tokens / epochs) and the
+    wall-clock budget used (`time_frac`, 0 without optim.max_minutes), so the cosine ends where the run
+    does whichever budget binds. Without a time budget it depends on the step alone (exact resume).
+    """
     if step < warmup:
         return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, max((step - warmup) / max(1, total - warmup), time_frac))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
@@ -96,14 +101,15 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     if per_epoch == 0:
         raise ValueError(f"no training batches: {len(data.train)} samples for {accelerator.num_processes} processes")
     total = total_steps(cfg, data, per_epoch, accelerator.num_processes)
+    clock = {"time_frac": 0.0}  # share of optim.max_minutes used, read by the schedule
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_lambda(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio))
+        optimizer, lambda s: lr_lambda(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio, clock["time_frac"]))
     objective = build_objective(cfg.head)  # the head family's features and loss (EAGLE-3 TTT | MLP per-head CE)
     model, optimizer = accelerator.prepare(objective.wrap(head), optimizer)
     raw = accelerator.unwrap_model(model).head
     features = FeatureSource(target, objective.vocab_ids(raw), cfg.data.features)
 
-    step, epoch, cursor, tokens = 0, 0, 0, 0
+    step, epoch, cursor, tokens, prior_s = 0, 0, 0, 0, 0.0
     if cfg.resume:
         ckpt = resolve_checkpoint(run_dir if cfg.resume == "auto" else cfg.resume)
         state = load_trainer_state(ckpt)
@@ -113,6 +119,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step, epoch, cursor, tokens = state["step"], state["epoch"], state["cursor"], state["tokens"]
+        prior_s = state.get("elapsed_s", 0.0)  # training time before the resume counts against max_minutes
         set_rng_state(state["rng"])
         print0(accelerator, f"resumed from {ckpt} at step {step} (epoch {epoch}, batch {cursor})")
 
@@ -122,6 +129,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             meta = {"family": objective.family, "config": raw.config.to_dict(), "step": step, "tokens": tokens, "metrics": metrics}
             trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
                        "epoch": epoch, "cursor": cursor, "tokens": tokens, "rng": rng_state(),
+                       "elapsed_s": time.time() - start,
                        "config": OmegaConf.to_container(cfg, resolve=True)}
             save_checkpoint(run_dir, step, raw.trainable_state_dict(), meta, trainer, cfg.keep_checkpoints)
 
@@ -132,7 +140,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             if tracker:
                 tracker.log(record, step=step)
 
-    start, metrics, last_eval = time.time(), {}, {}
+    start, metrics, last_eval = time.time() - prior_s, {}, {}
     deadline = start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
     bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not accelerator.is_main_process, dynamic_ncols=True)
     model.train()
@@ -154,6 +162,8 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             accelerator.backward(out.loss)
             grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.grad_clip)
             optimizer.step()
+            if cfg.optim.max_minutes:
+                clock["time_frac"] = (time.time() - start) / (60 * cfg.optim.max_minutes)
             scheduler.step()
             step, cursor = step + 1, cursor + 1
             tokens += int(batch["loss_mask"].sum()) * accelerator.num_processes  # supervised tokens

@@ -1,0 +1,268 @@
+"""Acceptance per training minute: train one EAGLE-3 head per lever on the embedded default, serve them all.
+
+    python bench/acceptance_per_minute.py --out bench/results/apm --tokens 150000 \\
+        --levers baseline,output,vocab4096,regen --regen-data regen.jsonl --curve regen+memory
+
+Every lever is a set of Hydra overrides on top of `conf=eagle3_smollm2`. `baseline` pins the settings
+the preset shipped with before these levers existed (raw ShareGPT answers, random init, 8,192-token
+draft vocab, features recomputed every batch), so the comparison means the same thing after the preset
+changes; `preset` is the preset as it is now. Levers combine with `+` (`regen+memory`).
+
+Budgets: `--tokens` trains every lever on the same number of supervised tokens (quality per token; the
+lr schedule spans exactly that budget), `--minutes` bounds wall time (quality per minute; throughput
+levers show up here). Training tok/s is printed per lever, measured in this run.
+
+Then one `draftsmith eval acceptance` run serves no speculation, ngram, suffix and every head on the
+same held-out prompts (the baseline run's held-out split; a head whose training data contains one of
+them is refused). `--curve LEVER` also serves that lever's intermediate checkpoints and plots served and
+simulated τ against training minutes (curve.png). Finished runs are reused, so a re-run only serves.
+Writes bench.json and bench.md under --out; not a test: figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# the preset before the levers: what `baseline` pins
+BASELINE = ["data.path=sharegpt", "data.num_conversations=3000", "data.features=online", "head.init=random",
+            "head.draft_vocab_size=8192", "head.ttt_steps=3", "optim.lr=1e-3"]
+LEVERS = {
+    "baseline": ("preset before the levers: raw answers, random init, vocab 8192, online features", []),
+    "preset": ("conf=eagle3_smollm2 as it is now", None),
+    "output": ("warm start: target's final norm + lm_head rows", ["head.init=output"]),
+    "target": ("warm start: also the target's last layer, fc = top aux state", ["head.init=target"]),
+    "vocab4096": ("draft vocab 4,096", ["head.draft_vocab_size=4096"]),
+    "vocab16k": ("draft vocab 16,384", ["head.draft_vocab_size=16384"]),
+    "regen": ("the target's own answers (draftsmith regenerate)", ["data.path={regen}", "data.num_conversations=null"]),
+    "memory": ("features kept in memory, reused across epochs", ["data.features=memory"]),
+    "lr3e-3": ("peak lr 3e-3", ["optim.lr=3e-3"]),
+    "ttt5": ("TTT depth 5", ["head.ttt_steps=5"]),
+}
+
+
+def overrides(spec: str, regen: str | None) -> list[str]:
+    parts = spec.split("+")
+    unknown = [p for p in parts if p not in LEVERS]
+    if unknown:
+        raise SystemExit(f"unknown levers {unknown}; known: {', '.join(LEVERS)}")
+    if "preset" in parts:
+        out = []
+    else:
+        out = list(BASELINE)
+    for p in parts:
+        for o in LEVERS[p][1] or []:
+            if "{regen}" in o:
+                if not regen:
+                    raise SystemExit(f"lever {p!r} needs --regen-data (make it with `draftsmith regenerate`)")
+                o = o.format(regen=regen)
+            out.append(o)
+    return out
+
+
+def train(name: str, spec: str, args, run_dir: Path) -> None:
+    if (run_dir / "done").is_file():
+        print(f"[{name}] finished earlier: {run_dir}", flush=True)
+        return
+    cmd = [sys.executable, str(ROOT / "train" / "run.py"), "conf=eagle3_smollm2", f"run_name={name}",
+           f"output_dir={run_dir}", "eval_every=0", "wandb.mode=disabled", *overrides(spec, args.regen_data),
+           f"optim.max_tokens={args.tokens}" if args.tokens else "optim.max_tokens=null",
+           f"optim.max_minutes={args.minutes}" if args.minutes else "optim.max_minutes=null"]
+    if spec == args.curve:  # keep every checkpoint for the curve
+        cmd += [f"save_every={args.curve_every}", f"eval_every={args.curve_every}", "eval_batches=8", "keep_checkpoints=1000"]
+    else:
+        cmd += ["save_every=100000", "keep_checkpoints=1"]
+    if (run_dir / "checkpoints").exists():
+        cmd.append("resume=auto")
+    print(f"[{name}] " + " ".join(cmd[2:]), flush=True)
+    t0 = time.time()
+    with open(run_dir.with_suffix(".log"), "a") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    (run_dir / "done").write_text(f"{time.time() - t0:.0f}\n")
+
+
+def summary(run_dir: Path) -> dict:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "tok_per_s" in r][-1]
+    ev = [r for r in rows if "eval/acc" in r][-1]
+    return {"tokens": last["tokens"], "minutes": last["elapsed_s"] / 60, "tok_per_s": last["tok_per_s"],
+            "epochs": last["epoch"] + 1, "sim_tau": ev["eval/sim_accept_len"], "heldout_acc": ev["eval/acc"]}
+
+
+def export(ckpt: Path, out: Path) -> str:
+    from draftsmith.cli import main as cli
+
+    if not (out / "config.json").is_file():
+        if cli(["export", "--format", "vllm", str(ckpt), str(out)]) != 0:
+            raise SystemExit(f"export of {ckpt} failed")
+    return str(out)
+
+
+def check_no_leak(run_dir: Path, prompts: Path) -> None:
+    """Refuse a head whose training conversations include a served prompt."""
+    from draftsmith.train.data.dataset import prepare_data
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    served = {json.loads(x)["id"] for x in prompts.read_text().splitlines()}
+    from transformers import AutoTokenizer
+
+    from draftsmith.assets import cache_dir, resolve_target
+
+    data = prepare_data(cfg.data, AutoTokenizer.from_pretrained(resolve_target(cfg.target.name_or_path)), cache_dir())
+    leaked = served & {s.conv_id for s in data.train}
+    if leaked:
+        raise SystemExit(f"{run_dir}: {len(leaked)} served prompts are in its training data, e.g. {sorted(leaked)[:3]}")
+
+
+def vocab_coverage(regen: str, sizes=(2048, 4096, 8192, 16384)) -> list[dict]:
+    """Coverage of the target's own answers by a draft vocab of each size, built on one half of the
+    regenerated answers and measured on the other (self-coverage would flatter small vocabularies)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from draftsmith.assets import resolve_target
+    from draftsmith.train.data.render import special_ids
+    from draftsmith.train.data.vocab import build_draft_vocab
+
+    tok = AutoTokenizer.from_pretrained(resolve_target("smollm2"))
+    answers = [json.loads(x)["messages"][-1]["content"] for x in Path(regen).read_text().splitlines()]
+    halves = []
+    for part in (answers[0::2], answers[1::2]):
+        c = torch.zeros(len(tok), dtype=torch.long)
+        for text in part:
+            c += torch.bincount(torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long),
+                                minlength=len(tok))
+        halves.append(c)
+    pinned = sorted(special_ids(tok))
+    return [{"size": n, "coverage": build_draft_vocab(halves[0], n, pinned_ids=pinned).coverage(halves[1])}
+            for n in sizes]
+
+
+def curve_points(run_dir: Path, every_min: float) -> list[tuple[float, Path, float | None]]:
+    """(minutes, checkpoint, simulated τ) of the checkpoints kept, one per `every_min` minutes at most."""
+    points, last = [], -1e9
+    for ck in sorted((run_dir / "checkpoints").glob("step_*")):
+        meta = json.loads((ck / "head.json").read_text())
+        m = meta["metrics"].get("elapsed_s", 0) / 60
+        if m - last >= every_min:
+            points.append((m, ck, meta["metrics"].get("eval/sim_accept_len")))
+            last = m
+    return points
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench/results/apm")
+    ap.add_argument("--levers", default="baseline,output,vocab4096", help="comma list; combine with + (regen+memory)")
+    ap.add_argument("--tokens", type=int, default=None, help="supervised tokens per lever (equal-token comparison)")
+    ap.add_argument("--minutes", type=float, default=None, help="wall-clock bound per lever")
+    ap.add_argument("--regen-data", default=None, help="JSONL from `draftsmith regenerate` (levers `regen`)")
+    ap.add_argument("--curve", default=None, help="a lever from --levers whose checkpoints make the τ-vs-minutes curve")
+    ap.add_argument("--curve-every", type=int, default=200, help="checkpoint every N steps in the curve run")
+    ap.add_argument("--curve-min-gap", type=float, default=5.0, help="minutes between served curve points")
+    ap.add_argument("--num-prompts", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--train-only", action="store_true")
+    args = ap.parse_args()
+    if not args.tokens and not args.minutes:
+        ap.error("give --tokens and/or --minutes")
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    specs = [s for s in args.levers.split(",") if s]
+    if args.curve and args.curve not in specs:
+        specs.append(args.curve)
+    for s in specs:
+        overrides(s, args.regen_data)  # fail on a bad lever before hours of training
+    runs = {s: out / "runs" / s for s in specs}
+    for s in specs:
+        runs[s].mkdir(parents=True, exist_ok=True)
+        train(s, s, args, runs[s])
+    if args.train_only:
+        return 0
+
+    from draftsmith.assets import resolve_target
+    from draftsmith.eval.acceptance import format_table, run_acceptance
+
+    # served prompts: the raw-data split's held-out ids (a regenerated subset holds them out too: same seed,
+    # and the smallest hashes of a superset stay the smallest in any subset); checked per head below
+    prompts = out / "prompts.jsonl"
+    if not prompts.is_file():
+        src = runs.get("baseline", runs[specs[0]]) / "heldout_prompts.jsonl"
+        prompts.write_text(src.read_text())
+    heads, info = {}, {}
+    for s in specs:
+        check_no_leak(runs[s], prompts)
+        heads[s] = export(runs[s], out / "exported" / s)
+        info[s] = {"overrides": overrides(s, args.regen_data), **summary(runs[s])}
+    curve = []
+    if args.curve:
+        for m, ck, sim in curve_points(runs[args.curve], args.curve_min_gap):
+            name = f"{args.curve}@{m:.0f}min"
+            heads[name] = export(ck, out / "exported" / name)
+            curve.append({"name": name, "minutes": m, "sim_tau": sim})
+    coverage = vocab_coverage(args.regen_data) if args.regen_data else []
+    if coverage:
+        print("draft vocab coverage of the target's own answers (held-out half): "
+              + ", ".join(f"{c['size']}: {c['coverage']:.1%}" for c in coverage), flush=True)
+    result = run_acceptance(resolve_target("smollm2"), str(prompts), ["none", "ngram", "suffix"], heads, k=args.k,
+                            max_tokens=args.max_tokens, num_prompts=args.num_prompts, out_dir=str(out / "acceptance"))
+    rows = result["methods"]
+    lines = ["| lever | what | tokens | train min | tok/s | epochs | sim τ | held-out acc | served τ | per position | tok/step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in specs:
+        r, i = rows[s], info[s]
+        pos = [round(x, 2) for x in (r.get("per_position_acceptance") or [])]
+        desc = " + ".join(LEVERS[p][0] for p in s.split("+"))
+        lines.append(f"| {s} | {desc} | {i['tokens']:,} | {i['minutes']:.1f} | {i['tok_per_s']:.0f} | {i['epochs']} | "
+                     f"{i['sim_tau']:.2f} | {[round(a, 3) for a in i['heldout_acc']]} | "
+                     f"{r.get('mean_acceptance_length') or 0:.2f} | {pos} | {r.get('tokens_per_target_step') or 0:.2f} |")
+    for b in ("ngram", "suffix", "none"):
+        r = rows[b]
+        pos = [round(x, 2) for x in (r.get("per_position_acceptance") or [])]
+        tau = r.get("mean_acceptance_length")
+        lines.append(f"| {b} | training-free | — | — | — | — | — | — | {tau or 0:.2f} | {pos} | "
+                     f"{r.get('tokens_per_target_step') or 1:.2f} |")
+    for c in curve:
+        c["served_tau"] = rows[c["name"]].get("mean_acceptance_length")
+        c["tokens_per_step"] = rows[c["name"]].get("tokens_per_target_step")
+    table = "\n".join(lines)
+    if curve:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([c["minutes"] for c in curve], [c["served_tau"] for c in curve], "o-", label=f"{args.curve} served τ")
+        ax.plot([c["minutes"] for c in curve], [c["sim_tau"] for c in curve], "s--", label=f"{args.curve} simulated τ")
+        for b, style in (("ngram", ":"), ("suffix", "-.")):
+            if rows[b].get("mean_acceptance_length"):
+                ax.axhline(rows[b]["mean_acceptance_length"], ls=style, color="gray", label=f"{b} τ")
+                ax.axhline(rows[b]["tokens_per_target_step"], ls=style, color="k", label=f"{b} tokens/step")
+        ax.set_xlabel("training minutes (2 CPU cores)")
+        ax.set_ylabel(f"mean acceptance length τ (k={args.k})")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "curve.png", dpi=120)
+        table += "\n\ncurve (" + args.curve + "): " + ", ".join(
+            f"{c['minutes']:.0f} min: served τ {c['served_tau'] or 0:.2f} (sim {c['sim_tau'] or 0:.2f})" for c in curve)
+    (out / "bench.json").write_text(json.dumps({"levers": info, "curve": curve, "vocab_coverage": coverage, "args": vars(args),
+                                                "acceptance": str(out / "acceptance" / "acceptance.json")}, indent=2))
+    (out / "bench.md").write_text(table + "\n")
+    print("\n" + format_table(result) + "\n\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

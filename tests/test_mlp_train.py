@@ -51,24 +51,18 @@ def test_two_stages_resume_and_export(tiny_target_dir, data_file, tmp_path, smol
     s2 = tmp_path / "stage2"
     proc = run_mlp(tiny_target_dir, data_file, s2, "head.stage=2", f"head.init_from={s1}", cache=cache)
     assert "stage 2: 8 prompts" in proc.stdout and len(list((cache / "generated").glob("*.json"))) == 1
-    again = run_mlp(tiny_target_dir, data_file, tmp_path / "stage2b", "head.stage=2", f"head.init_from={s1}", cache=cache)
-    assert "read from cache" in again.stdout
-    stats = json.loads((s2 / "data_stats.json").read_text()) if (s2 / "data_stats.json").exists() else {}
     a = load_file(s2 / "checkpoints" / "step_00000006" / "head.safetensors")
-    b = load_file(tmp_path / "stage2b" / "checkpoints" / "step_00000006" / "head.safetensors")
-    for k in a:  # the same cached data, the same run
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
     first = load_file(s1 / "checkpoints" / "step_00000006" / "head.safetensors")
     s2_start = load_file(s2 / "checkpoints" / "step_00000003" / "head.safetensors")
     assert not torch.equal(first["head.0.weight"], a["head.0.weight"])
     assert (s2_start["head.0.weight"] - first["head.0.weight"]).abs().max() < 0.1  # continued, not re-initialised
 
-    # resume stage 2 from its step-3 checkpoint: bit-identical step 6
+    # resume stage 2 from its step-3 checkpoint: the continuations come from the cache, step 6 is bit-identical
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
     shutil.copytree(s2 / "checkpoints" / "step_00000003", resumed / "checkpoints" / "step_00000003")
     proc = run_mlp(tiny_target_dir, data_file, resumed, "head.stage=2", f"head.init_from={s1}", "resume=auto", cache=cache)
-    assert "resumed from" in proc.stdout
+    assert "resumed from" in proc.stdout and "read from cache" in proc.stdout
     c = load_file(resumed / "checkpoints" / "step_00000006" / "head.safetensors")
     for k in a:
         torch.testing.assert_close(a[k], c[k], rtol=0, atol=0, msg=k)

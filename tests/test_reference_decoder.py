@@ -90,7 +90,7 @@ def test_greedy_equals_plain_decoding_for_every_drafter(tiny128):
     drafters = [NoDrafter(), NgramDrafter(2, 5), NgramDrafter(1, 3), SuffixDrafter(),
                 Eagle3Drafter(head), Eagle3Drafter(head, draft_sampling="sample"), MLPSpeculatorDrafter(make_mlp(model))]
     for drafter in drafters:
-        for k in (1, 3, 5):
+        for k in (1, 4):
             outs, s = decode_prompts(tiny128, drafter, PROMPTS, k=k, max_tokens=24)
             assert outs == expected, (drafter.name, k)
             c = s["counters"]
@@ -199,7 +199,7 @@ def sample_counts(target, drafter, prompt, n, temperature, seed=0):
 
 
 PROMPT = [1, 3, 0, 2, 5]
-N_SAMPLES = 1000
+N_SAMPLES = 600
 
 
 @pytest.mark.parametrize("kind", ["eagle3_sampled_drafts", "ngram"])

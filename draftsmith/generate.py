@@ -41,34 +41,50 @@ def _check(prompt_token_ids, max_tokens: int) -> list[list[int]]:
     return prompts
 
 
-def generate_vllm(target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int,
-                  batch_size: int = 64, threads: int = 1, kv_cache_gib: int = 2, log_path: str | None = None) -> list[list[int]]:
-    """Batched generation in a vLLM child process (no speculation)."""
+def iter_vllm(target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int,
+              batch_size: int = 64, threads: int = 1, kv_cache_gib: int = 2, log_path: str | None = None):
+    """Batched generation in a vLLM child process (no speculation).
+
+    Yields (start, token_ids, finish_reasons) as each batch of `batch_size` prompts finishes, so a caller
+    can save work as it lands (draftsmith regenerate resumes from there).
+    """
     from transformers import AutoConfig
+
+    from draftsmith.eval.vllm_runner import EVENT
 
     longest = max(map(len, prompts)) + max_tokens + 1
     limit = getattr(AutoConfig.from_pretrained(target_path), "max_position_embeddings", None) or longest
     job = {"name": "generate", "target": target_path, "speculative_config": None, "prompt_token_ids": prompts,
            "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
            "engine": {"dtype": "float32", "enforce_eager": True, "max_model_len": min(longest, limit), "seed": seed},
-           "batch_size": batch_size, "warmup_tokens": 0}
+           "batch_size": batch_size, "warmup_tokens": 0, "stream_outputs": True}
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
            "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory(prefix="draftsmith-generate-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
         log = Path(log_path) if log_path else Path(tmp) / "log"
-        with open(log, "w", encoding="utf-8") as f:
-            proc = subprocess.run([sys.executable, "-m", "draftsmith.eval.vllm_runner", str(job_path), str(result_path)],
-                                  stdout=f, stderr=subprocess.STDOUT, env=env)
-        if proc.returncode != 0 or not result_path.is_file():
+        cmd = [sys.executable, "-m", "draftsmith.eval.vllm_runner", str(job_path), str(result_path)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+        try:
+            with open(log, "w", encoding="utf-8") as f:
+                for line in proc.stdout:
+                    f.write(line)
+                    if line.startswith(EVENT):
+                        ev = json.loads(line[len(EVENT):])
+                        if ev["event"] == "outputs":
+                            yield ev["start"], ev["token_ids"], ev["finish_reasons"]
+        except BaseException:  # the consumer stopped early, or a kill/interrupt: the engine must not outlive us
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.wait() != 0 or not result_path.is_file():
             tail = log.read_text(errors="replace").splitlines()[-15:]
             raise RuntimeError(f"vLLM generation failed (exit {proc.returncode}):\n" + "\n".join(tail))
-        return json.loads(result_path.read_text())["output_token_ids"]
 
 
-def generate_hf(target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int,
-                batch_size: int = 16) -> list[list[int]]:
+def iter_hf(target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int,
+            batch_size: int = 16):
     """The same with the HF target: left-padded batches, cut after the first eos."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -79,7 +95,6 @@ def generate_hf(target_path: str, prompts: list[list[int]], max_tokens: int, tem
     eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     gen = torch.Generator().manual_seed(seed)
     sample = temperature > 0
-    outs: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
         width = max(map(len, chunk))
@@ -90,10 +105,27 @@ def generate_hf(target_path: str, prompts: list[list[int]], max_tokens: int, tem
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=sample,
                                  temperature=temperature if sample else None, top_p=None, top_k=None,
                                  pad_token_id=pad)
+        outs, finish = [], []
         for row in out[:, width:].tolist():
             cut = next((i for i, t in enumerate(row) if t in eos), None)
             outs.append(row if cut is None else row[:cut + 1])
-    return outs
+            finish.append("length" if cut is None else "stop")
+        yield start, outs, finish
+
+
+def iter_generate(target_path: str, prompt_token_ids: list[list[int]], max_tokens: int, temperature: float = 0.0,
+                  seed: int = 0, backend: str = "auto", **kw):
+    """`generate`, batch by batch: yields (start, token_ids, finish_reasons) as each batch finishes."""
+    from draftsmith.assets import resolve_target
+
+    prompts = _check(prompt_token_ids, max_tokens)
+    if not prompts:
+        return
+    path = resolve_target(str(target_path))
+    if resolve_backend(backend) == "vllm":
+        yield from iter_vllm(path, prompts, max_tokens, temperature, seed, **kw)
+    else:
+        yield from iter_hf(path, prompts, max_tokens, temperature, seed, **kw)
 
 
 def generate(target_path: str, prompt_token_ids: list[list[int]], max_tokens: int, temperature: float = 0.0,
@@ -105,15 +137,8 @@ def generate(target_path: str, prompt_token_ids: list[list[int]], max_tokens: in
         backend: auto (vLLM when installed, else HF) | vllm | hf. Extra keywords go to the backend
             (vllm: batch_size, threads, kv_cache_gib, log_path; hf: batch_size).
     """
-    from draftsmith.assets import resolve_target
-
-    prompts = _check(prompt_token_ids, max_tokens)
-    if not prompts:
-        return []
-    path = resolve_target(str(target_path))
-    if resolve_backend(backend) == "vllm":
-        return generate_vllm(path, prompts, max_tokens, temperature, seed, **kw)
-    return generate_hf(path, prompts, max_tokens, temperature, seed, **kw)
+    return [ids for _, outs, _ in iter_generate(target_path, prompt_token_ids, max_tokens, temperature, seed,
+                                                backend, **kw) for ids in outs]
 
 
 def target_fingerprint(target_path: str) -> dict:

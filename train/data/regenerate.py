@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-from importlib.util import find_spec
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from draftsmith.generate import iter_generate, resolve_backend
 from draftsmith.train.data.conversations import read_conversations
 from draftsmith.train.data.render import render_prompt
 
@@ -72,71 +71,6 @@ def _append(out: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def _vllm_batches(target: str, todo: list[dict], settings: dict, batch_size: int, threads: int, kv_cache_gib: int):
-    """Yield (start, token_ids, finish_reasons) per finished batch from a vLLM child process."""
-    from draftsmith.eval.vllm_runner import EVENT
-
-    longest = max(len(p["prompt_ids"]) for p in todo)
-    job = {"name": "regenerate", "target": target, "speculative_config": None,
-           "prompt_token_ids": [p["prompt_ids"] for p in todo],
-           "sampling": {"temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
-                        "seed": settings["seed"]},
-           "engine": {"dtype": "float32", "enforce_eager": True, "max_model_len": longest + settings["max_tokens"] + 1,
-                      "seed": settings["seed"]},
-           "batch_size": batch_size, "warmup_tokens": 0, "stream_outputs": True}
-    run_dir = Path(settings["out"]).parent
-    job_path = run_dir / (Path(settings["out"]).name + ".job.json")
-    job_path.write_text(json.dumps(job))
-    result_path = job_path.with_suffix(".result.json")
-    log_path = job_path.with_suffix(".log")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-           "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "draftsmith.eval.vllm_runner", str(job_path), str(result_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
-    tail: list[str] = []
-    with open(log_path, "w", encoding="utf-8", buffering=1) as log:
-        for line in proc.stdout:
-            log.write(line)
-            if not line.startswith(EVENT):
-                tail = (tail + [line.rstrip()])[-8:]
-                continue
-            ev = json.loads(line[len(EVENT):])
-            if ev["event"] == "outputs":
-                yield ev["start"], ev["token_ids"], ev["finish_reasons"]
-    if proc.wait() != 0:
-        raise RuntimeError(f"vLLM generation failed (exit {proc.returncode}); log {log_path}:\n" + "\n".join(tail))
-    for p in (job_path, result_path):
-        p.unlink(missing_ok=True)
-
-
-def _hf_batches(target: str, todo: list[dict], settings: dict, batch_size: int):
-    """The same, with the HF target (left-padded batches); for machines without vLLM."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
-    torch.manual_seed(settings["seed"])
-    for start in range(0, len(todo), batch_size):
-        chunk = [p["prompt_ids"] for p in todo[start:start + batch_size]]
-        width = max(map(len, chunk))
-        ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])
-        mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])
-        sample = settings["temperature"] > 0
-        with torch.no_grad():
-            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=settings["max_tokens"],
-                                 do_sample=sample, temperature=settings["temperature"] if sample else None,
-                                 top_p=None, top_k=None, pad_token_id=pad)
-        outs, finish = [], []
-        for row in gen[:, width:].tolist():
-            cut = next((i for i, t in enumerate(row) if t in eos), None)
-            outs.append(row if cut is None else row[:cut + 1])
-            finish.append("length" if cut is None else "stop")
-        yield start, outs, finish
-
-
 def regenerate(target: str, data: str, out: str, num_conversations: int | None = None, max_tokens: int = 256,
                temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = 1024, batch_size: int = 32,
                backend: str = "auto", threads: int = 1, kv_cache_gib: int = 2) -> dict:
@@ -159,10 +93,7 @@ def regenerate(target: str, data: str, out: str, num_conversations: int | None =
                              f"use another --out or delete it")
     else:
         meta_path.write_text(json.dumps(settings, indent=2))
-    if backend == "auto":
-        backend = "vllm" if find_spec("vllm") else "hf"
-    if backend not in ("vllm", "hf"):
-        raise ValueError(f"backend {backend!r}: expected auto | vllm | hf")
+    backend = resolve_backend(backend)
 
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     prompts, too_long = first_turns(data, num_conversations, tokenizer, max_prompt_tokens)
@@ -172,8 +103,9 @@ def regenerate(target: str, data: str, out: str, num_conversations: int | None =
           f"skipped), {len(done)} already in {out_path}, {len(todo)} to go, backend {backend}", flush=True)
     new_tokens, t0 = 0, time.perf_counter()
     if todo:
-        batches = (_vllm_batches(target_path, todo, settings, batch_size, threads, kv_cache_gib) if backend == "vllm"
-                   else _hf_batches(target_path, todo, settings, batch_size))
+        kw = {"threads": threads, "kv_cache_gib": kv_cache_gib, "log_path": str(out_path) + ".log"} if backend == "vllm" else {}
+        batches = iter_generate(target_path, [p["prompt_ids"] for p in todo], max_tokens, temperature, seed, backend,
+                                batch_size=batch_size, **kw)
         bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True)
         for start, token_ids, finish in batches:
             records = []

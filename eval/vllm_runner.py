@@ -91,6 +91,9 @@ def run(job: dict) -> dict:
               **job["engine"])
     engine_start_s = time.perf_counter() - t0
     emit("engine_ready", seconds=round(engine_start_s, 2))
+    from draftsmith.eval.vllm_fixes import apply as apply_vllm_fixes
+
+    patches = apply_vllm_fixes()  # after start-up: the CPU kernels it checks are registered by then
 
     s = job["sampling"]
     params = SamplingParams(temperature=s["temperature"], max_tokens=s["max_tokens"], seed=s["seed"])
@@ -133,6 +136,7 @@ def run(job: dict) -> dict:
         "output_token_ids": outputs,
         "finish_reasons": finish,
         "torch_threads": torch.get_num_threads(),
+        "vllm_patches": patches,
         "env": {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE",
                                                "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LD_PRELOAD")},
     }

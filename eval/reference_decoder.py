@@ -60,6 +60,17 @@ class Drafter:
         pass
 
 
+class HeadDrafter(Drafter):
+    """A drafter backed by a trained head, drafting greedily (q one-hot, as vLLM does) or by sampling."""
+
+    def _set_head(self, head, draft_sampling: str, name: str | None) -> None:
+        if draft_sampling not in ("greedy", "sample"):
+            raise ValueError(f"draft_sampling must be greedy or sample, got {draft_sampling!r}")
+        self.head = head.eval()
+        self.draft_sampling = draft_sampling
+        self.name = name or self.name
+
+
 class NoDrafter(Drafter):
     """Plain autoregressive decoding (the `none` method)."""
 
@@ -105,7 +116,7 @@ def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.double() / temperature, dim=-1)
 
 
-class Eagle3Drafter(Drafter):
+class Eagle3Drafter(HeadDrafter):
     """EAGLE-3 chain drafting with vLLM's semantics.
 
     Committed row p (a position whose target features exist) takes embed(x_{p+1}) and fc(aux_p) and
@@ -118,11 +129,7 @@ class Eagle3Drafter(Drafter):
     name = "eagle3"
 
     def __init__(self, head, draft_sampling: str = "greedy", name: str | None = None):
-        if draft_sampling not in ("greedy", "sample"):
-            raise ValueError(f"draft_sampling must be greedy or sample, got {draft_sampling!r}")
-        self.head = head.eval()
-        self.draft_sampling = draft_sampling
-        self.name = name or self.name
+        self._set_head(head, draft_sampling, name)
         self.d2t = head.draft_to_target  # [Vd] draft id -> target id
         self.vocab_size = head.config.vocab_size
         self.start([])
@@ -203,18 +210,14 @@ class Eagle3Drafter(Drafter):
         return Proposal(out, None if probs[0] is None else torch.stack(probs))
 
 
-class MLPSpeculatorDrafter(Drafter):
+class MLPSpeculatorDrafter(HeadDrafter):
     """IBM MLP speculator: stage 0 reads the target's final hidden state at the row that produced the
     newest token, plus that token; stage i reads stage i-1's state and pick. Chains at most n_predict."""
 
     name = "mlp_speculator"
 
     def __init__(self, head, draft_sampling: str = "greedy", name: str | None = None):
-        if draft_sampling not in ("greedy", "sample"):
-            raise ValueError(f"draft_sampling must be greedy or sample, got {draft_sampling!r}")
-        self.head = head.eval()
-        self.draft_sampling = draft_sampling
-        self.name = name or self.name
+        self._set_head(head, draft_sampling, name)
         self.last: torch.Tensor | None = None  # [E] final hidden state of the newest committed row
         self.last_pos = -1
 

@@ -71,6 +71,9 @@ class OptimConfig:
     max_steps: Optional[int] = None  # None = epochs over the data
     max_minutes: Optional[float] = None  # wall-clock bound; the run saves and stops when reached
     max_tokens: Optional[int] = None  # supervised-token budget: the lr schedule spans it and the run stops there
+    # micro-batches per optimizer step on each process: the global batch is processes x grad_accum micro-batches
+    # of up to data.max_tokens_per_batch tokens, and the loss is the mean over all their supervised tokens
+    grad_accum: int = 1
 
 
 @dataclass

@@ -3,12 +3,14 @@ per-head CE, train/objective.py) -> loss -> backward -> clip -> step -> log."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import DistributedType
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
@@ -42,10 +44,16 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float, time_frac: f
 
 
 def epoch_batches(data, cfg, epoch: int, rank: int, world: int) -> list[list[int]]:
-    """This rank's batches (sample indices) for one epoch; deterministic in (seed, epoch)."""
+    """This rank's micro-batches (sample indices) for one epoch, `optim.grad_accum` per optimizer step.
+
+    Optimizer step s consumes the epoch's micro-batches [s*G, (s+1)*G), G = world * grad_accum, and rank r
+    takes every world-th of them: the global batch depends on G only, so 2 ranks x 1 micro-batch train the
+    same steps as 1 rank x 2 micro-batches. Deterministic in (seed, epoch).
+    """
     lengths = [len(s.input_ids) for s in data.train]
     batches = make_batches(lengths, cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, cfg.data.seed, epoch)
-    usable = len(batches) // world * world  # every rank takes the same number of steps
+    group = world * cfg.optim.grad_accum
+    usable = len(batches) // group * group  # every rank takes the same number of steps
     return batches[rank:usable:world]
 
 
@@ -86,7 +94,7 @@ def total_steps(cfg, data, per_epoch: int, world: int) -> int:
         return cfg.optim.max_steps
     if cfg.optim.max_tokens:
         per_batch = sum(sum(s.loss_mask) for s in data.train) / max(1, len(epoch_batches(data, cfg, 0, 0, 1)))
-        return max(1, math.ceil(cfg.optim.max_tokens / (per_batch * world)))
+        return max(1, math.ceil(cfg.optim.max_tokens / (per_batch * world * cfg.optim.grad_accum)))
     return per_epoch * cfg.optim.epochs
 
 
@@ -97,14 +105,23 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     target.to(device)
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
-    per_epoch = len(epoch_batches(data, cfg, 0, accelerator.process_index, accelerator.num_processes))
+    world, accum = accelerator.num_processes, cfg.optim.grad_accum
+    if accum < 1:
+        raise ValueError(f"optim.grad_accum={accum}: must be >= 1")
+    per_epoch = len(epoch_batches(data, cfg, 0, accelerator.process_index, world)) // accum
     if per_epoch == 0:
-        raise ValueError(f"no training batches: {len(data.train)} samples for {accelerator.num_processes} processes")
+        raise ValueError(f"no training batches: {len(data.train)} samples for {world} processes x {accum} micro-batches")
     total = total_steps(cfg, data, per_epoch, accelerator.num_processes)
     clock = {"time_frac": 0.0}  # share of optim.max_minutes used, read by the schedule
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_lambda(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio, clock["time_frac"]))
     objective = build_objective(cfg.head)  # the head family's features and loss (EAGLE-3 TTT | MLP per-head CE)
+    if accelerator.state.deepspeed_plugin is not None:
+        # DeepSpeed steps inside backward, so it cannot see our micro-batch groups; batches are token-bucketed,
+        # so its micro-batch size (used only for its throughput log) is nominal
+        if accum > 1:
+            raise ValueError("optim.grad_accum > 1 is not supported under DeepSpeed; use more processes or ddp/fsdp")
+        accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
     model, optimizer = accelerator.prepare(objective.wrap(head), optimizer)
     raw = accelerator.unwrap_model(model).head
     features = FeatureSource(target, objective.vocab_ids(raw), cfg.data.features)
@@ -113,6 +130,11 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     if cfg.resume:
         ckpt = resolve_checkpoint(run_dir if cfg.resume == "auto" else cfg.resume)
         state = load_trainer_state(ckpt)
+        group = state.get("global_batch", world * accum)
+        if group != world * accum:  # the data position counts optimizer steps of `group` micro-batches
+            raise ValueError(f"{ckpt} was trained with {group} micro-batches per optimizer step (processes x "
+                             f"optim.grad_accum); this run has {world} x {accum}: set optim.grad_accum={group // world}"
+                             if group % world == 0 else f"{ckpt}: global batch {group} is not divisible by {world} processes")
         missing = raw.load_state_dict(load_head(ckpt)[1], strict=False)
         frozen_or_tied = set(raw.state_dict()) - set(raw.trainable_state_dict())  # e.g. embed_tokens, tied stages
         assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
@@ -125,13 +147,18 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
 
     def save(metrics: dict) -> None:
         accelerator.wait_for_everyone()
+        weights = raw.trainable_state_dict()
+        if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            # a sharded head: gather the full tensors (a collective, so every rank calls it); keys gain "head."
+            full = accelerator.get_state_dict(model)
+            weights = {k: full["head." + k] for k in weights} if accelerator.is_main_process else {}
         if accelerator.is_main_process:
             meta = {"family": objective.family, "config": raw.config.to_dict(), "step": step, "tokens": tokens, "metrics": metrics}
             trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
-                       "epoch": epoch, "cursor": cursor, "tokens": tokens, "rng": rng_state(),
+                       "epoch": epoch, "cursor": cursor, "tokens": tokens, "rng": rng_state(), "global_batch": world * accum,
                        "elapsed_s": time.time() - start,
                        "config": OmegaConf.to_container(cfg, resolve=True)}
-            save_checkpoint(run_dir, step, raw.trainable_state_dict(), meta, trainer, cfg.keep_checkpoints)
+            save_checkpoint(run_dir, step, weights, meta, trainer, cfg.keep_checkpoints)
 
     def log(record: dict) -> None:
         if accelerator.is_main_process:
@@ -146,35 +173,53 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     model.train()
     done = step >= total
     while not done:
-        batches = epoch_batches(data, cfg, epoch, accelerator.process_index, accelerator.num_processes)
-        while cursor < len(batches) and not done:
-            samples = [data.train[i] for i in batches[cursor]]
-            batch = {k: v.to(device) for k, v in collate(samples, target.pad_id).items()}
-            # no grad: the target is frozen; logits only over what the objective needs (draft vocab | none)
-            feats = features(batches[cursor], batch)
-            with accelerator.autocast():
-                out = objective(model, feats, batch)
-            if not torch.isfinite(out.loss):
-                ids = [s.conv_id for s in samples]
-                raise NonFiniteLoss(f"loss is {out.loss.item()} at step {step} (epoch {epoch}, batch {cursor}, "
-                                    f"conversations {ids[:8]}); last good checkpoint kept in {run_dir}/checkpoints")
+        batches = epoch_batches(data, cfg, epoch, accelerator.process_index, world)
+        while cursor < len(batches) // accum and not done:
+            micro = batches[cursor * accum:(cursor + 1) * accum]
+            collated = [{k: v.to(device) for k, v in collate([data.train[i] for i in idx], target.pad_id).items()}
+                        for idx in micro]
+            # Each step's loss is the mean over every supervised token of the global batch (all ranks, all
+            # micro-batches), not a mean of per-rank means: ranks see different token counts.
+            local = torch.stack([torch.cat([objective.supervised_counts(b["loss_mask"]), b["loss_mask"].sum()[None]])
+                                 for b in collated]).sum(0)  # [K + 1]: scored positions per step/head, supervised tokens
+            counts = accelerator.reduce(local, "sum")
             optimizer.zero_grad(set_to_none=True)
-            accelerator.backward(out.loss)
+            sums = None
+            for j, (idx, batch) in enumerate(zip(micro, collated)):
+                # no grad: the target is frozen; logits only over what the objective needs (draft vocab | none)
+                feats = features(idx, batch)
+                sync = contextlib.nullcontext() if j == accum - 1 else accelerator.no_sync(model)
+                with sync:
+                    with accelerator.autocast():
+                        out = objective(model, feats, batch, denoms=counts[:-1])
+                    # DDP/FSDP average gradients over ranks; each rank's loss is its share of the global mean
+                    accelerator.backward(out.loss * world)
+                part = torch.stack([out.loss.detach().float(), *[x.float() for x in out.losses],
+                                    *[a.float() for a in out.accs]])  # [1 + 2K], each a share of the global mean
+                sums = part if sums is None else sums + part
+            # one collective for the logged figures and the clock, so every rank takes the same stop decision
+            totals = accelerator.reduce(torch.cat([sums, torch.tensor([time.time() - start], device=sums.device)]), "sum")
+            loss, K = totals[0], (len(totals) - 2) // 2
+            if not torch.isfinite(loss):
+                ids = [data.train[i].conv_id for idx in micro for i in idx]
+                raise NonFiniteLoss(f"loss is {loss.item()} at step {step} (epoch {epoch}, batch {cursor}, "
+                                    f"conversations on rank {accelerator.process_index}: {ids[:8]}); weights not updated, "
+                                    f"last good checkpoint kept in {run_dir}/checkpoints")
             grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.grad_clip)
             optimizer.step()
+            elapsed = float(totals[-1]) / world  # the ranks' mean clock: identical on every rank
             if cfg.optim.max_minutes:
-                clock["time_frac"] = (time.time() - start) / (60 * cfg.optim.max_minutes)
+                clock["time_frac"] = elapsed / (60 * cfg.optim.max_minutes)
             scheduler.step()
             step, cursor = step + 1, cursor + 1
-            tokens += int(batch["loss_mask"].sum()) * accelerator.num_processes  # supervised tokens
-            elapsed = time.time() - start
-            last_step = done = (step >= total or (deadline is not None and time.time() >= deadline)
+            tokens += int(counts[-1])  # supervised tokens over all ranks
+            last_step = done = (step >= total or (deadline is not None and start + elapsed >= deadline)
                                 or (cfg.optim.max_tokens is not None and tokens >= cfg.optim.max_tokens))
             if step % cfg.log_every == 0 or last_step:
-                metrics = {"step": step, "epoch": epoch, "tokens": tokens, "loss": out.loss.item(),
-                           "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-                           "acc": [round(a.item(), 4) for a in out.accs],
-                           "losses": [round(x.item(), 4) for x in out.losses], "tok_per_s": tokens / max(elapsed, 1e-9),
+                metrics = {"step": step, "epoch": epoch, "tokens": tokens, "loss": loss.item(),
+                           "lr": scheduler.get_last_lr()[0], "grad_norm": None if grad_norm is None else float(grad_norm),
+                           "acc": [round(a.item(), 4) for a in totals[1 + K:1 + 2 * K]],
+                           "losses": [round(x.item(), 4) for x in totals[1:1 + K]], "tok_per_s": tokens / max(elapsed, 1e-9),
                            "elapsed_s": elapsed, "target_tokens": features.computed_tokens}
                 bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}", tok_s=f"{metrics['tok_per_s']:.0f}")
                 log(metrics)
@@ -186,7 +231,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             if (cfg.save_every and step % cfg.save_every == 0) or last_step:
                 save({**metrics, **last_eval})
             bar.update(1)
-        if cursor >= len(batches):
+        if cursor >= len(batches) // accum:
             epoch, cursor = epoch + 1, 0
     bar.close()
     return {**metrics, **last_eval}

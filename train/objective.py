@@ -32,7 +32,7 @@ class PerHeadOutput:
 
 
 def per_head_loss(head, last: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, weights: list[float],
-                  target_top: torch.Tensor | None = None) -> PerHeadOutput:
+                  target_top: torch.Tensor | None = None, denoms: torch.Tensor | None = None) -> PerHeadOutput:
     """Teacher-forced MLP speculator loss. Row t holds the target's final hidden state at position t.
 
     Head i at row t reads token x_{t+1+i} (x_{t+1} is the target's own next token at serving time, then
@@ -42,6 +42,7 @@ def per_head_loss(head, last: torch.Tensor, input_ids: torch.Tensor, loss_mask: 
         last: [B, T, E] target final (post-norm) hidden states; input_ids, loss_mask: [B, T].
         target_top: [B, T] the target's greedy token after position t; if given, the labels are the
             target's greedy choices (eval) instead of the sequence's tokens (training).
+        denoms: [n_predict] denominators of each head's mean; None = this batch's counts (see `supervised_counts`).
     """
     state = head.prepare(last)  # [B, T, E]
     losses, accs, counts, hits = [], [], [], []
@@ -55,17 +56,23 @@ def per_head_loss(head, last: torch.Tensor, input_ids: torch.Tensor, loss_mask: 
         logits = head.logits(i, state[mask]).float()  # [N, V]
         y = labels[mask]  # [N]
         n = mask.sum()
-        loss_i = F.cross_entropy(logits, y, reduction="sum") / n.clamp(min=1)
+        d = n.clamp(min=1) if denoms is None else denoms[i].clamp(min=1)
+        loss_i = F.cross_entropy(logits, y, reduction="sum") / d
         total = total + w * loss_i
         hit = torch.zeros_like(mask, dtype=torch.float32)  # [B, T]
         hit[mask] = (logits.argmax(-1) == y).float()
         losses.append(loss_i.detach())
-        accs.append((hit.sum() / n.clamp(min=1)).detach())
+        accs.append((hit.sum() / d).detach())
         counts.append(n.detach())
         hits.append(hit.detach())
     rows = (shift_left(loss_mask, 2) > 0).float()  # [B, T]
     run = torch.cumprod(torch.stack(hits, dim=-1), dim=-1).sum(-1)  # [B, T] leading correct heads
     return PerHeadOutput(total, losses, accs, counts, (run * rows).sum(), rows.sum())
+
+
+def supervised_counts(loss_mask: torch.Tensor, k: int) -> torch.Tensor:
+    """[k] positions scored by TTT step / head i: both score row t where token t+2+i is supervised."""
+    return torch.stack([shift_left(loss_mask, 2 + i).sum() for i in range(k)]).float()
 
 
 class PerHead(nn.Module):
@@ -75,8 +82,8 @@ class PerHead(nn.Module):
         super().__init__()
         self.head, self.weights = head, list(weights)
 
-    def forward(self, last, input_ids, loss_mask, target_top=None) -> PerHeadOutput:
-        return per_head_loss(self.head, last, input_ids, loss_mask, self.weights, target_top)
+    def forward(self, last, input_ids, loss_mask, target_top=None, denoms=None) -> PerHeadOutput:
+        return per_head_loss(self.head, last, input_ids, loss_mask, self.weights, target_top, denoms)
 
 
 class EagleObjective:
@@ -95,9 +102,12 @@ class EagleObjective:
         # the full-vocab argmax at eval: exact agreement where the draft vocab misses tokens
         return target.features(batch["input_ids"], batch["attention_mask"], self.vocab_ids(head), full_top=eval)
 
-    def __call__(self, model, feats, batch, eval: bool = False):
+    def supervised_counts(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        return supervised_counts(loss_mask, self.steps)
+
+    def __call__(self, model, feats, batch, eval: bool = False, denoms=None):
         top = feats.top if eval else None
-        return model(feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"], top)
+        return model(feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"], top, denoms)
 
 
 class MLPObjective:
@@ -117,9 +127,12 @@ class MLPObjective:
         # eval also wants the target's greedy tokens (full_top)
         return target.features(batch["input_ids"], batch["attention_mask"], self.vocab_ids(head), full_top=eval)
 
-    def __call__(self, model, feats, batch, eval: bool = False):
+    def supervised_counts(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        return supervised_counts(loss_mask, len(self.weights))
+
+    def __call__(self, model, feats, batch, eval: bool = False, denoms=None):
         top = feats.top if eval else None
-        return model(feats.last, batch["input_ids"], batch["loss_mask"], top)
+        return model(feats.last, batch["input_ids"], batch["loss_mask"], top, denoms)
 
 
 def build_objective(cfg):

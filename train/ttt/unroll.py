@@ -34,7 +34,8 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
 
 
 def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: torch.Tensor,
-               loss_mask: torch.Tensor, steps: int, decay: float, target_top: torch.Tensor | None = None) -> TTTOutput:
+               loss_mask: torch.Tensor, steps: int, decay: float, target_top: torch.Tensor | None = None,
+               denoms: torch.Tensor | None = None) -> TTTOutput:
     """Unroll the head `steps` times on its own hidden outputs and score each step against the target.
 
     Args:
@@ -42,6 +43,9 @@ def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: 
         target_logits: [B, T, V] over the target vocab, or [B, T, Vd] already restricted to the draft vocab.
         target_top: [B, T] the target's full-vocab argmax; if None it is taken from target_logits (within the
             draft vocab when those are restricted, which over-counts agreement where coverage is below 100%).
+        denoms: [steps] per-step denominators of the loss and accuracy means; None = this batch's own counts.
+            Training passes the global counts of the whole optimizer step (all ranks, all micro-batches),
+            so that summing the outputs over micro-batches and ranks gives the mean over every token.
     """
     B, T = input_ids.shape
     positions = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
@@ -64,11 +68,12 @@ def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: 
         mask = shift_left(loss_mask, 2 + k).float()  # [B, T] x_{j+2+k} is supervised (0 past the end)
         ce = -(p * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T] forward KL up to a constant
         n = mask.sum()
-        loss_k = (ce * mask).sum() / n.clamp(min=1)
+        d = n.clamp(min=1) if denoms is None else denoms[k].clamp(min=1)
+        loss_k = (ce * mask).sum() / d
         total = total + (decay**k) * loss_k
         hit = (d2t_ids[logits.argmax(-1)] == shift_left(target_top, 1 + k, -1)).float()  # [B, T] draft top-1 == target top-1
         losses.append(loss_k.detach())
-        accs.append(((hit * mask).sum() / n.clamp(min=1)).detach())
+        accs.append(((hit * mask).sum() / d).detach())
         counts.append(n.detach())
         agree.append(hit.detach())
     # simulated chain acceptance at each supervised step-0 row: how many leading steps all agree
@@ -84,5 +89,5 @@ class Unrolled(torch.nn.Module):
         super().__init__()
         self.head, self.steps, self.decay = head, steps, decay
 
-    def forward(self, aux, target_logits, input_ids, loss_mask, target_top=None) -> TTTOutput:
-        return ttt_unroll(self.head, aux, target_logits, input_ids, loss_mask, self.steps, self.decay, target_top)
+    def forward(self, aux, target_logits, input_ids, loss_mask, target_top=None, denoms=None) -> TTTOutput:
+        return ttt_unroll(self.head, aux, target_logits, input_ids, loss_mask, self.steps, self.decay, target_top, denoms)

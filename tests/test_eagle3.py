@@ -162,3 +162,56 @@ def test_unroll_with_restricted_logits_matches_full(tiny_model):
     b = ttt_unroll(head, sub.aux, sub.logits, ids, mask, 3, 0.8, sub.top)
     torch.testing.assert_close(a.loss, b.loss)
     assert [x.item() for x in a.accs] == [x.item() for x in b.accs]
+
+
+def dense_unroll_reference(head, aux, target_logits, ids, mask, steps, decay):
+    """The TTT loss written the plain way: every row through the vocab side, then masked means."""
+    import torch.nn.functional as F
+    from draftsmith.train.ttt.unroll import shift_left
+
+    B, T = ids.shape
+    d2t = head.draft_to_target
+    p_all = F.softmax(target_logits[..., d2t].float(), dim=-1)  # [B, T, Vd]
+    top = target_logits.argmax(-1)
+    hidden, cache, total, accs, agree = head.fuse(aux), [], 0.0, [], []
+    for k in range(steps):
+        hidden = head(shift_left(ids, 1 + k), torch.arange(T).expand(B, T) + k, hidden, cache)
+        logits = head.logits(hidden).float()
+        m = shift_left(mask, 2 + k).float()
+        ce = -(shift_left(p_all, 1 + k) * F.log_softmax(logits, -1)).sum(-1)
+        total = total + decay**k * (ce * m).sum() / m.sum()
+        hit = (d2t[logits.argmax(-1)] == shift_left(top, 1 + k, -1)).float() * m
+        accs.append((hit.sum() / m.sum()).item())
+        agree.append(hit)
+    run = torch.cumprod(torch.stack(agree, -1), -1).sum(-1)
+    return total, accs, (run * shift_left(mask, 2).float()).sum()
+
+
+def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model):
+    """The unroll sends only supervised rows through lm_head; loss, accuracies and simulated acceptance
+    must equal the dense all-rows computation (prompt rows, padding and sequence ends included)."""
+    head = tiny_head(tiny_model, draft_vocab_size=128).double()  # full vocab: argmax ties cannot differ
+    torch.manual_seed(3)
+    B, T = 3, 14
+    ids = torch.randint(0, 128, (B, T))
+    mask = torch.zeros(B, T, dtype=torch.long)
+    mask[0, 5:] = 1  # prompt then answer to the end
+    mask[1, 2:9] = 1  # answer then padding
+    mask[2, 7:12] = 1
+    aux = torch.randn(B, T, 3 * 128, dtype=torch.float64)
+    logits = torch.randn(B, T, 128, dtype=torch.float64) * 3
+    # make the target's top token at position j+1 the head's step-0 pick at row j on every other row, so
+    # step-0 agreement and the acceptance runs are not all zero
+    with torch.no_grad():
+        pick = head.logits(head(ids.roll(-1, 1), torch.arange(T).expand(B, T), head.fuse(aux), [])).argmax(-1)
+    for j in range(0, T - 1, 2):
+        logits[torch.arange(B), j + 1, head.draft_to_target[pick[:, j]]] += 100.0
+    out = ttt_unroll(head, aux, logits, ids, mask, 3, 0.8)
+    ref_loss, ref_accs, ref_run = dense_unroll_reference(head, aux, logits, ids, mask, 3, 0.8)
+    torch.testing.assert_close(out.loss.double(), ref_loss.double())
+    assert [a.item() for a in out.accs] == pytest.approx(ref_accs)
+    assert ref_accs[0] > 0.3 and ref_run.item() > 0  # the agreement above is visible
+    assert out.accept_len.item() == ref_run.item()
+    assert [int(c) for c in out.counts] == [int(mask[:, 2 + k:].sum()) for k in range(3)]
+    out.loss.backward()  # gradients flow through the gathered rows
+    assert head.lm_head.weight.grad.abs().sum() > 0

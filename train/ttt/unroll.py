@@ -50,12 +50,19 @@ def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: 
     B, T = input_ids.shape
     positions = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
     d2t_ids = head.draft_to_target  # [Vd]
-    # restrict and normalise the target once, not per step: [B, T, V] is the largest tensor here
+    # Only supervised rows pay for the vocab side (lm_head, log-softmax, target softmax): prompt and padding
+    # rows still run the decoder layer (later rows attend to them) but never reach the [., Vd] matmuls.
+    # Row j at step k predicts x_{j+2+k}, scored against the target's distribution at position j+1+k, so the
+    # target side is needed exactly at positions i with loss_mask[i+1] (`need`), each normalised once.
+    need = shift_left(loss_mask, 1) > 0  # [B, T]
+    slot = torch.full((B, T), -1, dtype=torch.long, device=input_ids.device)
+    slot[need] = torch.arange(int(need.sum()), device=input_ids.device)  # [B, T] row of `need` in target_p
     restricted = target_logits.shape[-1] == d2t_ids.numel() and target_logits.shape[-1] != head.config.vocab_size
-    sub = target_logits if restricted else target_logits[..., d2t_ids]
-    target_p = F.softmax(sub.float(), dim=-1)  # [B, T, Vd]
+    sub = target_logits[need] if restricted else target_logits[need][..., d2t_ids]  # [N, Vd]
+    target_p = F.softmax(sub.float(), dim=-1)  # [N, Vd]
     if target_top is None:  # the target's greedy token as a target id
-        target_top = d2t_ids[sub.argmax(-1)] if restricted else target_logits.argmax(-1)  # [B, T]
+        target_top = torch.full((B, T), -1, dtype=torch.long, device=input_ids.device)
+        target_top[need] = d2t_ids[sub.argmax(-1)] if restricted else target_logits[need].argmax(-1)
     hidden = head.fuse(aux.to(head.fc.weight.dtype))  # [B, T, H] (a bf16 target's states into fp32 master weights)
     cache: list = []
     losses, accs, counts, agree = [], [], [], []
@@ -63,17 +70,17 @@ def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: 
     for k in range(steps):
         tokens = shift_left(input_ids, 1 + k)  # [B, T] x_{j+1+k}
         hidden = head(tokens, positions + k, hidden, cache)  # [B, T, H]
-        logits = head.logits(hidden).float()  # [B, T, Vd]
-        p = shift_left(target_p, 1 + k)  # [B, T, Vd] target distribution at position j+1+k
-        mask = shift_left(loss_mask, 2 + k).float()  # [B, T] x_{j+2+k} is supervised (0 past the end)
-        ce = -(p * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T] forward KL up to a constant
+        mask = shift_left(loss_mask, 2 + k) > 0  # [B, T] x_{j+2+k} is supervised (False past the end)
+        logits = head.logits(hidden[mask]).float()  # [n, Vd]
+        p = target_p[shift_left(slot, 1 + k, -1)[mask]]  # [n, Vd] target distribution at position j+1+k
         n = mask.sum()
         d = n.clamp(min=1) if denoms is None else denoms[k].clamp(min=1)
-        loss_k = (ce * mask).sum() / d
+        loss_k = -(p * F.log_softmax(logits, dim=-1)).sum() / d  # forward KL up to a constant
         total = total + (decay**k) * loss_k
-        hit = (d2t_ids[logits.argmax(-1)] == shift_left(target_top, 1 + k, -1)).float()  # [B, T] draft top-1 == target top-1
+        hit = torch.zeros((B, T), device=input_ids.device)  # [B, T] draft top-1 == target top-1, supervised rows
+        hit[mask] = (d2t_ids[logits.argmax(-1)] == shift_left(target_top, 1 + k, -1)[mask]).float()
         losses.append(loss_k.detach())
-        accs.append(((hit * mask).sum() / d).detach())
+        accs.append((hit.sum() / d).detach())
         counts.append(n.detach())
         agree.append(hit.detach())
     # simulated chain acceptance at each supervised step-0 row: how many leading steps all agree

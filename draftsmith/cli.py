@@ -4,6 +4,7 @@
     draftsmith export --format vllm CKPT OUT   # vLLM-loadable checkpoint, contract-checked
     draftsmith eval acceptance ...             # real vLLM speculative decoding + baselines
     draftsmith regenerate --out regen.jsonl    # the target's own answers as training data
+    draftsmith extract --out DIR conf=NAME     # target features once, as shards (data.features=offline)
     draftsmith quickstart                      # the README's main job, end to end
 """
 
@@ -16,6 +17,8 @@ import sys
 VERBS = {
     "export": ("draftsmith.export.cli", "write a vLLM checkpoint (EAGLE-3 speculators/native dialect) from a training checkpoint"),
     "eval": ("draftsmith.eval.cli", "measure acceptance in real vLLM speculative decoding (`draftsmith eval acceptance --help`)"),
+    "extract": ("draftsmith.train.extract", "write a run's target features once as safetensors shards (resumable, sharded, "
+                                            "disk-budgeted); --validate DIR checks them"),
     "regenerate": ("draftsmith.train.data.regenerate", "re-answer a dataset's first user turns with the target (vLLM or HF), resumable"),
     "quickstart": ("draftsmith.quickstart", "install-time main job: prepare, train, export, serve and measure on the embedded default"),
     "prepare-target": ("draftsmith.prepare", "convert the embedded SmolLM2 GGUF target to a safetensors HF directory"),

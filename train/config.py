@@ -53,8 +53,12 @@ class DataConfig:
     max_tokens_per_batch: int = 8192  # length-bucketed batches up to this many (padded) tokens
     max_batch_size: int = 16
     seed: int = 0
-    # online: the target runs on every batch; memory: once per sample, its features kept for later epochs
+    # online: the target runs on every batch; memory: once per sample, its features kept for later epochs;
+    # offline: read from shards `draftsmith extract` wrote to features_dir; stream: a producer thread extracts
+    # ahead into a disk buffer (features_dir, default <output_dir>/stream_features) the trainer empties
     features: str = "online"
+    features_dir: Optional[str] = None
+    max_disk: Optional[str] = None  # stream: bound on the buffer's bytes, e.g. 2G or 500M (binary units)
     regen_max_tokens: int = 256  # regen: answer length cap
     regen_temperature: float = 0.0  # regen: 0 = greedy, what greedy serving sees
 

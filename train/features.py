@@ -1,32 +1,85 @@
-"""Where a training batch's target features come from.
+"""Where a training batch's target features come from (data.features).
 
 `online` runs the frozen target on every batch. `memory` runs it once per sample, on the sample's first
 use, and keeps the sample's aux states and final hidden state (not the logits: [T, Vd] per token would
 be several times larger, and one matmul with the target's lm_head rows rebuilds them). Every later epoch
 then costs only the head: on SmolLM2 + a 2-core CPU the target forward is ~55 % of an online step.
 Memory: (n_aux + 1) * H values per token in the target's dtype, 4.6 KB/token for SmolLM2 in bf16.
+
+`offline` reads the same two tensors per sample from shards `draftsmith extract` wrote (data.features_dir), after
+checking they were extracted for this run's target, aux layers, tokenizer and samples. `stream` runs the target
+in a producer thread ahead of the trainer into a disk buffer bounded by data.max_disk (train/stream.py).
+Every mode hands the objective the same tensors: stored features are cast back to the target's dtype and the
+logits rebuilt from `last`, so a batch's loss is the same whichever mode produced its features.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from draftsmith.train.target import Features
 
-MODES = ("online", "memory")
+MODES = ("online", "memory", "offline", "stream")
 
 
 class FeatureSource:
-    def __init__(self, target, vocab_ids: torch.Tensor | None, mode: str = "online"):
+    def __init__(self, target, vocab_ids: torch.Tensor | None, mode: str = "online", disk=None, stream=None):
+        """
+        Args:
+            disk: a ShardStore (mode offline); stream: a StreamProducer (mode stream).
+        """
         if mode not in MODES:
             raise ValueError(f"data.features={mode!r}: expected one of {MODES}")
         self.target, self.vocab_ids, self.mode = target, vocab_ids, mode
+        self.disk, self.stream = disk, stream
         self.store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # sample index -> (aux [n, A], last [n, H])
         self.computed_tokens = 0  # tokens the target has run on (the rest came from the store)
+        self.dtype = next(target.parameters()).dtype  # what the target computes online
 
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b in self.store.values())
+
+    def close(self) -> None:
+        """Stop a stream producer and empty its buffer (a no-op for the other modes)."""
+        if self.stream is not None:
+            self.stream.close()
+            self.computed_tokens = self.stream.stats["target_tokens"]
+
+    def _rows(self, indices: list[int], batch: dict) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
+        """(aux [n, A] or None, last [n, H]) per sample of the batch, unpadded."""
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        lengths = mask.sum(1).tolist()
+        if self.mode == "memory":
+            missing = [b for b, i in enumerate(indices) if i not in self.store]
+            if missing:
+                sub_ids, sub_mask = ids[missing], mask[missing]
+                width = int(sub_mask.sum(1).max())
+                f = self.target.features(sub_ids[:, :width], sub_mask[:, :width], self.vocab_ids)
+                self.computed_tokens += int(sub_mask.sum())
+                for row, b in enumerate(missing):
+                    n = int(lengths[b])
+                    # clone: a slice would keep the whole batch tensor alive
+                    self.store[indices[b]] = (f.aux[row, :n].cpu().clone(), f.last[row, :n].cpu().clone())
+            return [self.store[i] for i in indices]
+        if self.mode == "stream":
+            rows = self.stream.take(indices)
+            self.computed_tokens = self.stream.stats["target_tokens"]
+            return [(r.get("aux"), r["last"]) for r in rows]
+        out = []  # offline
+        ids_cpu, loss_cpu = ids.cpu(), batch["loss_mask"].cpu()
+        for b, i in enumerate(indices):
+            r = self.disk.get(i)
+            n = int(lengths[b])
+            # the shard must hold this run's sample i: same tokens, same supervised positions
+            if r["input_ids"].shape[0] != n or not torch.equal(r["input_ids"], ids_cpu[b, :n]) or \
+                    not torch.equal(r["loss_mask"].bool(), loss_cpu[b, :n].bool()):
+                raise ValueError(f"{self.disk.root / r['shard']}: sample {i} holds other tokens than this run's sample "
+                                 f"{i} (run `draftsmith extract --validate {self.disk.root}` with this run's overrides)")
+            out.append((r.get("aux"), r["last"]))
+        return out
 
     def __call__(self, indices: list[int], batch: dict) -> Features:
         """Features for the collated `batch` of samples `indices` (right-padded: [B, T])."""
@@ -34,27 +87,69 @@ class FeatureSource:
         if self.mode == "online":
             self.computed_tokens += int(mask.sum())
             return self.target.features(ids, mask, self.vocab_ids)
-        lengths = mask.sum(1).tolist()
-        missing = [b for b, i in enumerate(indices) if i not in self.store]
-        if missing:
-            sub_ids, sub_mask = ids[missing], mask[missing]
-            width = int(sub_mask.sum(1).max())
-            f = self.target.features(sub_ids[:, :width], sub_mask[:, :width], self.vocab_ids)
-            self.computed_tokens += int(sub_mask.sum())
-            for row, b in enumerate(missing):
-                n = int(lengths[b])
-                # clone: a slice would keep the whole batch tensor alive
-                self.store[indices[b]] = (f.aux[row, :n].cpu().clone(), f.last[row, :n].cpu().clone())
+        rows = self._rows(indices, batch)
         B, T = ids.shape
-        aux0, last0 = self.store[indices[0]]
-        aux = aux0.new_zeros(B, T, aux0.shape[-1])  # [B, T, n_aux*H]; padding rows are masked out of the loss
-        last = last0.new_zeros(B, T, last0.shape[-1])  # [B, T, H]
-        for b, i in enumerate(indices):
-            a, h = self.store[i]
-            aux[b, : a.shape[0]] = a
-            last[b, : h.shape[0]] = h
         device = ids.device
+        H = rows[0][1].shape[-1]
+        A = rows[0][0].shape[-1] if rows[0][0] is not None else 0  # no aux stored for an MLP speculator
+        aux = torch.zeros(B, T, A, dtype=self.dtype)  # [B, T, n_aux*H]; padding rows are masked out of the loss
+        last = torch.zeros(B, T, H, dtype=self.dtype)  # [B, T, H]
+        for b, (a, h) in enumerate(rows):
+            if a is not None:
+                aux[b, : a.shape[0]] = a
+            last[b, : h.shape[0]] = h
         aux, last = aux.to(device), last.to(device)
         weight = self.target.lm_head.weight
         logits = F.linear(last, weight if self.vocab_ids is None else weight[self.vocab_ids])  # [B, T, Vd]
         return Features(aux=aux, last=last, logits=logits)
+
+
+def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator) -> FeatureSource:
+    """The FeatureSource data.features asks for; offline checks the shards belong to this run first."""
+    mode = cfg.data.features
+    if mode in ("online", "memory"):
+        return FeatureSource(target, vocab_ids, mode)
+    from draftsmith.train.shards import FAMILY_FIELDS, ShardError, parse_size
+
+    if mode == "offline":
+        from draftsmith.train.shards import ShardStore, fingerprint_differences, load_manifest, run_fingerprint
+
+        root = cfg.data.get("features_dir")
+        if not root:
+            raise ValueError("data.features=offline needs data.features_dir=DIR (written by `draftsmith extract`)")
+        manifest = load_manifest(root)
+        tokenizer = None
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(target.config._name_or_path)
+        except Exception:  # no tokenizer beside the weights: the samples' token ids are still compared exactly
+            pass
+        diffs = fingerprint_differences(manifest["fingerprint"], run_fingerprint(cfg, target, data.train, tokenizer))
+        missing = set(FAMILY_FIELDS[family]) - set(manifest["fields"])
+        if missing:
+            diffs.append(f"head family: extracted for {manifest['family']} (fields {manifest['fields']}), this "
+                         f"{family} run also needs {sorted(missing)}")
+        if diffs:
+            raise ShardError(f"data.features_dir={root} was extracted for another run:\n  " + "\n  ".join(diffs)
+                             + "\n  re-extract with this run's overrides: draftsmith extract --out NEW_DIR <overrides>")
+        if not manifest["complete"]:
+            why = f" (stopped: {'; '.join(manifest['stopped'].values())})" if manifest["stopped"] else ""
+            raise ShardError(f"data.features_dir={root} covers {manifest['covered_samples']} of "
+                             f"{manifest['fingerprint']['data']['num_samples']} training samples{why}; finish it by "
+                             f"re-running the same `draftsmith extract` (with a larger --max-disk), or use data.features=stream")
+        return FeatureSource(target, vocab_ids, mode, disk=ShardStore(root, manifest))
+    if mode == "stream":
+        from draftsmith.train.loop import epoch_batches
+        from draftsmith.train.stream import StreamProducer
+
+        rank, world = accelerator.process_index, accelerator.num_processes
+        base = Path(cfg.data.get("features_dir") or Path(cfg.output_dir) / "stream_features")
+        max_disk = cfg.data.get("max_disk")
+        budget = parse_size(max_disk) // world if max_disk else None  # each process buffers its own batches
+        producer = StreamProducer(base / f"rank-{rank:05d}", target, data.train,
+                                  lambda epoch: epoch_batches(data, cfg, epoch, rank, world),
+                                  FAMILY_FIELDS[family], next(target.parameters()).dtype, budget,
+                                  log=lambda *a: print(*a, flush=True) if accelerator.is_main_process else None)
+        return FeatureSource(target, vocab_ids, mode, stream=producer)
+    return FeatureSource(target, vocab_ids, mode)  # raises: an unknown mode

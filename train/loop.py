@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from draftsmith.train.checkpoint import (load_head, load_trainer_state, resolve_checkpoint, rng_state, save_checkpoint,
                                          set_rng_state)
 from draftsmith.train.data.dataset import collate, make_batches
-from draftsmith.train.features import FeatureSource
+from draftsmith.train.features import build_feature_source
 from draftsmith.train.objective import build_objective
 
 
@@ -124,7 +124,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
     model, optimizer = accelerator.prepare(objective.wrap(head), optimizer)
     raw = accelerator.unwrap_model(model).head
-    features = FeatureSource(target, objective.vocab_ids(raw), cfg.data.features)
+    features = build_feature_source(cfg, target, objective.vocab_ids(raw), data, objective.family, accelerator)
 
     step, epoch, cursor, tokens, prior_s = 0, 0, 0, 0, 0.0
     if cfg.resume:
@@ -234,4 +234,5 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         if cursor >= len(batches) // accum:
             epoch, cursor = epoch + 1, 0
     bar.close()
+    features.close()  # stream: stop the producer, empty its buffer
     return {**metrics, **last_eval}

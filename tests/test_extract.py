@@ -1,0 +1,281 @@
+"""Feature shards: `draftsmith extract` (resume, ranks, disk budget, validation) and training from them
+(data.features=offline | stream) with the same losses as online and memory modes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import hashlib
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save as st_save
+
+from draftsmith.train.shards import ShardError, load_manifest, validate
+from test_train import conversations
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in conversations(40)))
+    return path
+
+
+def overrides(tiny_target_dir, data_file, out_dir, *extra) -> list[str]:
+    """The tiny run of tests/test_train.py, in fp32 (no autocast) so every mode can be compared number for number."""
+    return ["conf=eagle3_smollm2", f"target.name_or_path={tiny_target_dir}", "target.hidden_size=128",
+            "target.num_hidden_layers=6", "target.vocab_size=49152", "target.aux_layer_ids=[1,3,4]",
+            "target.dtype=float32", "mixed_precision=no", f"data.path={data_file}", "data.num_conversations=32",
+            "data.heldout=4", "data.max_length=96", "data.max_tokens_per_batch=512", "data.max_batch_size=4",
+            "head.draft_vocab_size=512", "optim.max_steps=12", "optim.warmup_steps=2", "optim.max_minutes=null",
+            "log_every=1", "eval_every=0", "save_every=0", "eval_batches=1", "wandb.mode=disabled",
+            f"output_dir={out_dir}", *extra]
+
+
+def train_in_process(args: list[str]) -> list[dict]:
+    """train/run.py's build sequence and the one loop, in this process; returns the logged step records."""
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    from draftsmith.train.build import build_data_and_vocab, build_head, build_target
+    from draftsmith.train.extract import compose
+    from draftsmith.train.loop import train
+
+    cfg = compose(args)
+    torch.manual_seed(cfg.seed)
+    accelerator = Accelerator(mixed_precision="no", cpu=True)
+    target, path = build_target(cfg.target, accelerator.device)
+    data, vocab = build_data_and_vocab(cfg, AutoTokenizer.from_pretrained(path), Path(cfg.output_dir), log=lambda *a: None)
+    train(cfg, build_head(cfg.head, target, vocab), target, data, accelerator)
+    return [r for r in map(json.loads, (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def run_extract(args: list[str], out, **kw) -> dict:
+    from draftsmith.train.extract import compose, extract
+
+    return extract(compose(args), out, log=lambda *a: None, **kw)
+
+
+def sample_features(root) -> dict[int, dict]:
+    """sample index -> its stored tensors, over every shard of a features dir."""
+    out = {}
+    for s in load_manifest(root)["shards"]:
+        t = load_file(Path(root) / s["name"])
+        off = t["offsets"].tolist()
+        for r, i in enumerate(t["sample_index"].tolist()):
+            out[i] = {k: t[k][off[r]:off[r + 1]] for k in ("input_ids", "loss_mask", "aux", "last")}
+    return out
+
+
+def test_every_feature_mode_trains_the_same_losses(tiny_target_dir, data_file, tmp_path):
+    """online, memory, offline and stream give the same batch the same features, so the same losses.
+
+    Exact where the features come from the same forward: stream runs the target on the very batch the online
+    loop would (same padding, same kernels), so its losses equal online's bit for bit. memory and offline run
+    each sample once inside another group of samples (memory: the batch's not-yet-seen samples; offline: the
+    extraction's length-sorted groups), and a GEMM over a different batch shape may block its sums
+    differently: fp32 features then differ in the last bits (~1e-7 relative), which 12 AdamW steps carry into
+    the loss at the ~1e-6 level. 1e-5 leaves room for that and fails on any real mistake (a wrong sample, a
+    shifted position or bf16 rounding of the features each move the loss by > 1e-3).
+    """
+    args = lambda name, *extra: overrides(tiny_target_dir, data_file, tmp_path / name, *extra)  # noqa: E731
+    feats = tmp_path / "features"
+    summary = run_extract(args("x"), feats, shard_size="96K")
+    assert summary["complete"] and summary["covered_samples"] == 32 and summary["new_tokens"] > 0
+    assert len(load_manifest(feats)["shards"]) > 2  # several shards, so reads cross shard boundaries
+
+    online = train_in_process(args("online"))
+    memory = train_in_process(args("memory", "data.features=memory"))
+    offline = train_in_process(args("offline", "data.features=offline", f"data.features_dir={feats}"))
+    budget = 2500 * 1024  # about two of the largest batches (512 tokens x 2 KB in fp32): the producer waits
+    stream = train_in_process(args("stream", "data.features=stream", f"data.max_disk={budget}"))
+
+    assert len(online) == 12 and max(r["epoch"] for r in online) >= 1  # the second epoch re-reads every sample
+    loss = {name: torch.tensor([r["loss"] for r in recs], dtype=torch.float64)
+            for name, recs in (("online", online), ("memory", memory), ("offline", offline), ("stream", stream))}
+    assert torch.equal(loss["stream"], loss["online"])
+    for name in ("memory", "offline"):
+        torch.testing.assert_close(loss[name], loss["online"], rtol=0, atol=1e-5, msg=name)
+    assert offline[-1]["target_tokens"] == 0  # offline never ran the target on a training batch
+
+    stats = json.loads((tmp_path / "stream" / "stream_features" / "rank-00000" / "stream_stats.json").read_text())
+    assert stats["shards"] >= 11 and stats["resyncs"] == 0
+    assert 0 < stats["peak_disk_bytes"] <= budget  # measured on the file system after every write
+    assert not list((tmp_path / "stream" / "stream_features" / "rank-00000").glob("stream-*"))  # consumed and deleted
+
+
+def test_extract_resumes_after_a_kill_without_duplicates(tiny_target_dir, data_file, tmp_path):
+    args = overrides(tiny_target_dir, data_file, tmp_path / "x")
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    run_extract(args, clean, shard_size="64K")
+    reference = sample_features(clean)
+
+    # a real SIGKILL mid-extraction (one sample per shard, so the run is long enough to be hit)
+    cmd = [sys.executable, "-m", "draftsmith.cli", "extract", "--out", str(killed), "--shard-size", "1K", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    part = killed / "parts" / "rank-00000.json"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if part.is_file() and len(json.loads(part.read_text())["shards"]) >= 3:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert part.is_file(), proc.stderr.read().decode()[-2000:]
+    # and the states a kill can leave that polling may not hit: a shard renamed into place but not yet in the
+    # manifest (an orphan), and a torn temporary file
+    body = json.loads(part.read_text())
+    if len(body["shards"]) > 1:
+        body["shards"] = body["shards"][:-1]
+        (part).write_text(json.dumps(body))
+        (killed / "manifest.json").write_text(json.dumps({**json.loads((killed / "manifest.json").read_text()),
+                                                          "shards": []}))
+    (killed / ".tmp-shard-r00000-999999.safetensors-1").write_bytes(b"torn")
+    before = load_manifest(killed)["covered_samples"]
+    assert before < 32
+
+    summary = run_extract(args, killed, shard_size="16K")
+    assert summary["complete"] and summary["new_samples"] == 32 - before
+    m = load_manifest(killed)
+    listed = sorted(i for s in m["shards"] for i in s["samples"])
+    assert listed == list(range(32))  # every sample exactly once
+    assert {p.name for p in killed.glob("shard-*")} == {s["name"] for s in m["shards"]}  # orphan removed
+    assert not list(killed.glob(".tmp-*"))
+    got = sample_features(killed)
+    for i, ref in reference.items():
+        assert torch.equal(got[i]["input_ids"], ref["input_ids"]), i
+        torch.testing.assert_close(got[i]["aux"], ref["aux"], rtol=0, atol=1e-5)  # other forward groups
+        torch.testing.assert_close(got[i]["last"], ref["last"], rtol=0, atol=1e-5)
+    assert validate(killed)[1] == []
+
+
+def test_max_disk_stops_before_the_budget_records_coverage_and_resumes(tiny_target_dir, data_file, tmp_path):
+    args = overrides(tiny_target_dir, data_file, tmp_path / "x")
+    out = tmp_path / "f"
+    budget = 1500 * 1024  # the full extraction in bf16 is ~3.1M (3k tokens x 1 KB)
+    s = run_extract(args, out, max_disk=f"{budget // 1024}K", dtype="bf16", shard_size="64K")
+    used = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    assert used <= budget and not s["complete"] and 0 < s["covered_samples"] < 32
+    m = load_manifest(out)
+    assert m["covered_samples"] == s["covered_samples"] and "--max-disk 1500K" in json.dumps(m["stopped"])
+    assert m["dtype"] == "bf16" and m["bytes"] / m["covered_tokens"] < 2 * (3 * 128 + 128) + 16  # bf16 + ids/mask
+
+    # training refuses an incomplete directory, and says how far it got
+    from draftsmith.train.extract import compose
+    with pytest.raises(ShardError, match=rf"covers {s['covered_samples']} of 32 training samples \(stopped: --max-disk"):
+        _feature_source(compose(args + ["data.features=offline", f"data.features_dir={out}"]))
+
+    s2 = run_extract(args, out, max_disk="10M", dtype="bf16", shard_size="64K")
+    assert s2["complete"] and s2["new_samples"] == 32 - s["covered_samples"] and not s2["stopped"]
+    assert validate(out)[1] == []
+
+
+def _feature_source(cfg):
+    """build_feature_source for a composed run, without training."""
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    from draftsmith.train.build import build_data_and_vocab, build_head, build_target
+    from draftsmith.train.features import build_feature_source
+    from draftsmith.train.objective import build_objective
+
+    accelerator = Accelerator(mixed_precision="no", cpu=True)
+    target, path = build_target(cfg.target, accelerator.device)
+    data, vocab = build_data_and_vocab(cfg, AutoTokenizer.from_pretrained(path), Path(cfg.output_dir), log=lambda *a: None)
+    objective = build_objective(cfg.head)
+    head = build_head(cfg.head, target, vocab)
+    return build_feature_source(cfg, target, objective.vocab_ids(head), data, objective.family, accelerator)
+
+
+def test_offline_refuses_features_of_another_run_naming_what_differs(tiny_target_dir, data_file, tmp_path):
+    from draftsmith.train.extract import compose
+
+    args = overrides(tiny_target_dir, data_file, tmp_path / "x")
+    out = tmp_path / "f"
+    run_extract(args + ["head=mlp", "head.ttt_decay=0.8"], out)  # an MLP speculator's: final hidden states only
+    assert load_manifest(out)["fields"] == ["last"]
+    use = ["data.features=offline", f"data.features_dir={out}"]
+    mlp = _feature_source(compose(args + use + ["head=mlp"]))
+    assert mlp.mode == "offline" and mlp.disk.manifest["complete"]
+    cases = {
+        "aux layer ids: extracted \\[1, 3, 4\\], this run uses \\[1, 2, 4\\]": ["target.aux_layer_ids=[1,2,4]", "head=mlp"],
+        "target dtype: extracted with a float32 target, this run's is bfloat16": ["target.dtype=bfloat16", "head=mlp"],
+        "training samples: .*max_length: 96 -> 64": ["data.max_length=64", "head=mlp"],
+        "head family: extracted for mlp_speculator .* also needs \\['aux'\\]": [],  # an EAGLE-3 run needs aux
+    }
+    for message, extra in cases.items():
+        with pytest.raises(ShardError, match=message):
+            _feature_source(compose(args + use + extra))
+    # the command line says the same from `draftsmith extract --validate DIR <overrides>`
+    from draftsmith.train.extract import run_validate
+
+    assert run_validate(str(out), args + ["head=mlp"]) == 0
+    assert run_validate(str(out), args + ["head=mlp", "data.max_length=64"]) == 1
+
+
+def test_validate_names_the_bad_shard_and_sample(tiny_target_dir, data_file, tmp_path, capsys):
+    args = overrides(tiny_target_dir, data_file, tmp_path / "x")
+    out = tmp_path / "f"
+    run_extract(args, out, shard_size="1M")
+    m = load_manifest(out)
+    assert validate(out)[1] == [] and len(m["shards"][1]["samples"]) > 2
+    first, second = m["shards"][0], m["shards"][1]
+
+    # a flipped byte: the checksum names the shard
+    path = out / first["name"]
+    blob = bytearray(path.read_bytes())
+    blob[-5] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    # a NaN written by a broken extraction (checksum consistent with the manifest): named down to the sample
+    t = load_file(out / second["name"])
+    row = 2
+    t["aux"][t["offsets"][row] + 3, 7] = float("nan")
+    meta = safe_open(str(out / second["name"]), "pt").metadata()
+    new = st_save(t, metadata=meta)
+    (out / second["name"]).write_bytes(new)
+    for part in (out / "parts").glob("rank-*.json"):
+        body = json.loads(part.read_text())
+        for s in body["shards"]:
+            if s["name"] == second["name"]:
+                s["sha256"], s["bytes"] = hashlib.sha256(new).hexdigest(), len(new)
+        part.write_text(json.dumps(body))
+
+    from draftsmith.cli import main
+
+    assert main(["extract", "--validate", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert f"{out / first['name']}: sha256 differs" in printed
+    sample, conv = second["samples"][row], json.loads(meta["conv_ids"])[row]
+    assert f"{out / second['name']}: sample {sample} (conversation {conv}) has non-finite aux at token 3" in printed
+    assert "2 problem(s)" in printed
+
+
+@pytest.mark.slow
+def test_extract_under_accelerate_launch_two_cpu_processes(tiny_target_dir, data_file, tmp_path):
+    """Two gloo processes: rank r extracts samples i % 2 == r into its own shards, and the manifest merges them."""
+    args = overrides(tiny_target_dir, data_file, tmp_path / "x")
+    out = tmp_path / "two"
+    cmd = ["accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "-m", "draftsmith.cli", "extract", "--out", str(out), "--shard-size", "32K", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    m = load_manifest(out)
+    assert m["complete"] and {s["rank"] for s in m["shards"]} == {0, 1}
+    for s in m["shards"]:
+        assert all(i % 2 == s["rank"] for i in s["samples"]) and s["name"].startswith(f"shard-r{s['rank']:05d}-")
+    assert sorted(i for s in m["shards"] for i in s["samples"]) == list(range(32))
+    assert "tok/s (2 processes)" in proc.stdout + proc.stderr
+    assert validate(out)[1] == []
+    single = tmp_path / "one"
+    run_extract(args, single)
+    a, b = sample_features(out), sample_features(single)
+    for i in range(32):
+        torch.testing.assert_close(a[i]["aux"], b[i]["aux"], rtol=0, atol=1e-5)

@@ -1,0 +1,301 @@
+"""`draftsmith extract`: a training config's target features, written once as safetensors shards + a manifest.
+
+    draftsmith extract --out features/eagle3_smollm2 conf=eagle3_smollm2 --max-disk 20G
+    accelerate launch --cpu --num_processes 2 -m draftsmith.cli extract --out DIR conf=eagle3_smollm2
+    draftsmith extract --validate features/eagle3_smollm2                   # shards vs manifest
+    draftsmith extract --validate features/eagle3_smollm2 conf=eagle3_smollm2   # ... and vs this run's target/data
+    python train/run.py conf=eagle3_smollm2 data.features=offline data.features_dir=features/eagle3_smollm2
+
+The samples are the run's training samples (the same Hydra overrides as train/run.py pick them); held-out
+evaluation always runs the target online. Under `accelerate launch` rank r takes samples i % world == r and
+writes its own shards; rank 0 merges the manifest. Re-running the same command resumes: finished shards are
+kept, a shard a kill cut short is redone. `--max-disk` stops before the directory would exceed the budget
+and the manifest records what was covered; the same command with a larger budget carries on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.train.shards import (DTYPE_NAMES, DTYPES, FAMILY_FIELDS, FORMAT, VERSION, ShardError, atomic_write,
+                                     atomic_write_json,
+                                     fingerprint_differences, fingerprint_sha1, fmt_size, load_manifest, orphan_files,
+                                     pack_shard, parse_size, part_path, run_fingerprint, shard_name, validate,
+                                     write_manifest)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compose(overrides: list[str]):
+    """The run config train/run.py would build from the same `key=value` overrides (conf=NAME included)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from draftsmith.train.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def build_run_data(cfg, device, stats_dir: Path | None, log=print):
+    """Target, tokenizer and training data exactly as train/run.py builds them."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from draftsmith.assets import cache_dir
+    from draftsmith.train.build import build_data_and_vocab, build_target
+
+    target, target_path = build_target(cfg.target, device)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    out = stats_dir or Path(tempfile.mkdtemp(prefix="draftsmith-extract-"))
+    data, vocab = build_data_and_vocab(cfg, tokenizer, out, log=log)
+    if cfg.head.family == "mlp_speculator" and cfg.head.stage == 2:  # the target's own continuations
+        from draftsmith.train.data.continuations import build_stage2_data
+
+        data = build_stage2_data(cfg, data, target_path, cache_dir(), log=log)
+    return target, tokenizer, data, vocab
+
+
+@torch.no_grad()
+def feature_rows(target, samples, indices: list[int], fields, dtype: torch.dtype, pad_id: int, device) -> list[dict]:
+    """One target forward over the collated samples `indices`; each sample's unpadded features, in order."""
+    from draftsmith.train.data.dataset import collate
+
+    batch = collate([samples[i] for i in indices], pad_id)
+    ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+    none = torch.zeros(0, dtype=torch.long, device=device)  # no logits: rebuilt from `last` at training time
+    f = target.features(ids, mask, none)
+    rows = []
+    for b, i in enumerate(indices):
+        n = len(samples[i].input_ids)
+        row = {"index": i, "input_ids": samples[i].input_ids, "loss_mask": samples[i].loss_mask,
+               "conv_id": samples[i].conv_id}
+        for k in fields:
+            row[k] = getattr(f, k)[b, :n].to("cpu", dtype)  # [n, D]
+        rows.append(row)
+    return rows
+
+
+def forward_groups(samples, indices: list[int], max_tokens: int, max_batch: int) -> list[list[int]]:
+    """Length-sorted groups of `indices`, each at most max_tokens padded tokens and max_batch samples."""
+    groups, cur, longest = [], [], 0
+    for i in sorted(indices, key=lambda i: len(samples[i].input_ids)):
+        n = max(longest, len(samples[i].input_ids))
+        if cur and ((len(cur) + 1) * n > max_tokens or len(cur) >= max_batch):
+            groups.append(cur)
+            cur, n = [], len(samples[i].input_ids)
+        cur.append(i)
+        longest = n
+    return groups + ([cur] if cur else [])
+
+
+def dir_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+
+
+def header_for(cfg, target, tokenizer, data, vocab, dtype: torch.dtype) -> dict:
+    family = cfg.head.family
+    if family not in FAMILY_FIELDS:
+        raise ValueError(f"head.family={family!r}: expected one of {sorted(FAMILY_FIELDS)}")
+    fp = run_fingerprint(cfg, target, data.train, tokenizer)
+    H = target.config.hidden_size
+    d2t = vocab.d2t.cpu().numpy().tobytes() if vocab is not None else b""
+    return {"format": FORMAT, "version": VERSION, "family": family, "fields": list(FAMILY_FIELDS[family]),
+            "dtype": DTYPE_NAMES[dtype], "hidden_size": H, "aux_dim": len(target.aux_layer_ids) * H,
+            "fingerprint": fp, "fingerprint_sha1": fingerprint_sha1(fp),
+            # informational: the stored features do not depend on the draft vocab (logits are rebuilt per run)
+            "draft_vocab": {"size": cfg.head.draft_vocab_size, "d2t_sha1": hashlib.sha1(d2t).hexdigest()},
+            "shards": []}
+
+
+def check_compatible(existing: dict, header: dict, root: Path) -> None:
+    """Refuse to resume into a directory written for another target, data, family or dtype."""
+    diffs = fingerprint_differences(existing["fingerprint"], header["fingerprint"])
+    for k in ("family", "dtype"):
+        if existing[k] != header[k]:
+            diffs.append(f"{k}: {existing[k]} there, {header[k]} now")
+    if diffs:
+        raise ShardError(f"{root} holds features of another extraction; use a new --out or delete it:\n  "
+                         + "\n  ".join(diffs))
+
+
+def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log=print) -> dict:
+    """Extract (or finish extracting) the features of `cfg`'s training samples into `out`; returns a summary."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    rank, world, device = state.process_index, state.num_processes, state.device
+    main = state.is_main_process
+    root = Path(out)
+    budget = parse_size(max_disk) if max_disk else None
+    shard_bytes = parse_size(shard_size)
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+    with state.main_process_first():  # rank 0 renders/caches the data, the others then read the cache
+        target, tokenizer, data, vocab = build_run_data(cfg, device, root if main else None,
+                                                        log=log if main else (lambda *a: None))
+    target.to(device)
+    store_dtype = next(target.model.parameters()).dtype if dtype == "auto" else DTYPES[dtype]
+    header = header_for(cfg, target, tokenizer, data, vocab, store_dtype)
+    fields, samples = tuple(header["fields"]), data.train
+
+    if (root / "manifest.json").is_file():
+        check_compatible(load_manifest(root), header, root)  # every rank checks: all fail alike, none hangs
+    state.wait_for_everyone()
+    if main:
+        if not (root / "manifest.json").is_file():
+            write_manifest(root, header)
+        merged = load_manifest(root)
+        for p in orphan_files(root, merged):  # a shard a kill cut off from its manifest entry: redone below
+            p.unlink()
+        for part in (root / "parts").glob("rank-*.json"):  # an earlier budget stop no longer holds
+            body = json.loads(part.read_text())
+            if body.get("stopped"):
+                atomic_write_json(part, {**body, "stopped": None})
+    state.wait_for_everyone()
+
+    manifest = load_manifest(root)
+    done = {i for s in manifest["shards"] for i in s["samples"]}
+    mine = [s for s in manifest["shards"] if s["rank"] == rank]
+    seq = 1 + max((s["seq"] for s in mine), default=-1)
+    part = {"rank": rank, "shards": mine, "stopped": None}
+    share = None if budget is None else (budget - dir_bytes(root)) // world  # this rank's part of what is left
+    per_token = sum(manifest["aux_dim"] if f == "aux" else manifest["hidden_size"] for f in fields) * \
+        store_dtype.itemsize + 4 + 1  # features + int32 id + uint8 mask
+    if manifest["covered_tokens"]:
+        per_token = manifest["bytes"] / manifest["covered_tokens"]  # measured: includes headers
+
+    todo = [i for i in range(len(samples)) if i % world == rank and i not in done]
+    todo_tokens = sum(len(samples[i].input_ids) for i in todo)
+    bar = tqdm(total=todo_tokens, desc=f"extract (rank {rank}/{world})" if world > 1 else "extract", unit="tok",
+               unit_scale=True, disable=not main, dynamic_ncols=True)
+    used, new_tokens, new_samples, start, pos = 0, 0, 0, time.time(), 0
+    max_tokens, max_batch = cfg.data.max_tokens_per_batch, cfg.data.max_batch_size
+    while pos < len(todo):
+        chunk, tokens = [], 0
+        target_tokens = max(1, int(shard_bytes / per_token))
+        while pos < len(todo) and (not chunk or tokens + len(samples[todo[pos]].input_ids) <= target_tokens):
+            chunk.append(todo[pos])
+            tokens += len(samples[todo[pos]].input_ids)
+            pos += 1
+        if share is not None:
+            overhead = 1024 + 48 * len(chunk)  # safetensors header, offsets, ids, conv ids + manifest entries
+            while chunk and used + tokens * per_token + overhead > share:  # shrink the shard to what still fits
+                pos -= 1
+                tokens -= len(samples[chunk.pop()].input_ids)
+                overhead = 1024 + 48 * len(chunk)
+            if not chunk:
+                part["stopped"] = (f"--max-disk {max_disk}: the next sample ({len(samples[todo[pos]].input_ids)} tokens, "
+                                   f"~{fmt_size(len(samples[todo[pos]].input_ids) * per_token)}) would take rank {rank} "
+                                   f"past its share {fmt_size(share)} of the budget (used {fmt_size(used)})")
+                break
+        rows = []
+        for group in forward_groups(samples, chunk, max_tokens, max_batch):
+            rows += feature_rows(target, samples, group, fields, store_dtype, target.pad_id, device)
+        rows.sort(key=lambda r: r["index"])
+        blob = pack_shard(rows, store_dtype, fields, {"format": FORMAT, "fingerprint_sha1": header["fingerprint_sha1"],
+                                                       "family": header["family"]})
+        name = shard_name(rank, seq)
+        record = {"name": name, "rank": rank, "seq": seq, "samples": [r["index"] for r in rows], "tokens": tokens,
+                  "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        cost = len(blob) + 2 * len(json.dumps(record, indent=1)) + 64  # the shard + its two manifest entries
+        if share is not None and used + cost > share:
+            part["stopped"] = (f"--max-disk {max_disk}: shard {name} ({fmt_size(len(blob))}) would take rank {rank} "
+                               f"past its share {fmt_size(share)} of the budget")
+            break
+        atomic_write(root / name, blob)
+        part["shards"].append(record)
+        atomic_write_json(part_path(root, rank), part)  # the shard counts as done from here on
+        if main:
+            write_manifest(root, load_manifest(root))
+        used += cost
+        per_token = len(blob) / tokens if new_tokens == 0 and not manifest["covered_tokens"] else per_token
+        seq, new_tokens, new_samples = seq + 1, new_tokens + tokens, new_samples + len(rows)
+        bar.update(tokens)
+    bar.close()
+    elapsed = time.time() - start
+    atomic_write_json(part_path(root, rank), part)
+    if world > 1:
+        log(f"rank {rank}: {new_samples} samples, {new_tokens} tokens in {elapsed:.1f} s "
+            f"({new_tokens / max(elapsed, 1e-9):.0f} tok/s)")
+    state.wait_for_everyone()
+    final = load_manifest(root)
+    if main:
+        write_manifest(root, final)
+    totals = torch.tensor([new_tokens, new_samples], dtype=torch.long)
+    if world > 1:  # every rank's new tokens, for the overall rate
+        import torch.distributed as dist
+
+        totals = totals.to(device)
+        dist.all_reduce(totals)
+        totals = totals.cpu()
+    summary = {"dir": str(root), "new_tokens": int(totals[0]), "new_samples": int(totals[1]), "seconds": round(elapsed, 2),
+               "tok_per_s": round(int(totals[0]) / max(elapsed, 1e-9), 1), "processes": world,
+               "covered_samples": final["covered_samples"], "num_samples": final["fingerprint"]["data"]["num_samples"],
+               "covered_tokens": final["covered_tokens"], "bytes": final["bytes"],
+               "bytes_per_token": round(final["bytes"] / max(1, final["covered_tokens"]), 1),
+               "complete": final["complete"], "stopped": final["stopped"]}
+    if main:
+        log(f"extract: {summary['new_samples']} samples / {summary['new_tokens']} tokens in {elapsed:.1f} s = "
+            f"{summary['tok_per_s']:.0f} tok/s ({world} process{'es' if world > 1 else ''}); {root} covers "
+            f"{summary['covered_samples']}/{summary['num_samples']} samples, {summary['covered_tokens']} tokens, "
+            f"{fmt_size(summary['bytes'])} ({summary['bytes_per_token']:.0f} bytes/token, {header['dtype']})")
+        if final["stopped"]:
+            log("extract: stopped before exceeding the disk budget: " + "; ".join(final["stopped"].values())
+                + f"\n  the manifest records the {summary['covered_samples']} covered samples; re-run with a larger "
+                  "--max-disk to continue, or train with data.features=stream")
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="draftsmith extract", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", help="training config overrides, as for train/run.py (conf=NAME key=value ...)")
+    p.add_argument("--out", default=None, help="features directory (default: data.features_dir)")
+    p.add_argument("--max-disk", default=None, help="disk budget for the directory, e.g. 20G or 500M (binary units)")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                   help="storage dtype of the hidden states (auto = the target's, lossless)")
+    p.add_argument("--shard-size", default="256M", help="target size of one shard file (default 256M)")
+    p.add_argument("--validate", metavar="DIR", default=None,
+                   help="check DIR's shards (checksum, shapes, sample ids, fingerprint); with overrides, also "
+                        "against that run's target and data")
+    args = p.parse_args(argv)
+    try:
+        if args.validate:
+            return run_validate(args.validate, args.overrides)
+        cfg = compose(args.overrides)
+        out = args.out or cfg.data.get("features_dir")
+        if not out:
+            p.error("--out DIR (or data.features_dir=DIR) is required")
+        extract(cfg, out, args.max_disk, args.dtype, args.shard_size)
+    except ShardError as e:
+        print(f"draftsmith extract: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_validate(root: str, overrides: list[str]) -> int:
+    run_fp = samples = None
+    if overrides:
+        cfg = compose(overrides)
+        target, tokenizer, data, _ = build_run_data(cfg, torch.device("cpu"), None, log=lambda *a: None)
+        run_fp, samples = run_fingerprint(cfg, target, data.train, tokenizer), data.train
+    manifest, problems, notes = validate(root, run_fp, samples)
+    for n in notes:
+        print(f"note: {n}")
+    for pr in problems:
+        print(f"BAD: {pr}")
+    print(f"{root}: {len(manifest['shards'])} shards, {manifest['covered_samples']}/"
+          f"{manifest['fingerprint']['data']['num_samples']} samples, {manifest['covered_tokens']} tokens, "
+          f"{fmt_size(manifest['bytes'])}, {manifest['family']} {manifest['dtype']}: "
+          + ("OK" if not problems else f"{len(problems)} problem(s)"))
+    return 1 if problems else 0

@@ -1,0 +1,407 @@
+"""Target features on disk: safetensors shards plus a JSON manifest (`draftsmith extract`, data.features=offline|stream).
+
+    DIR/manifest.json                      header (family, dtype, fingerprint) + every finished shard, merged
+    DIR/parts/rank-00000.json              one rank's finished shards, rewritten atomically after each shard
+    DIR/shard-r00000-000000.safetensors    one rank's samples, concatenated along the token axis
+
+A shard holds, for its samples in order, `offsets` [n+1] (token offsets), `sample_index` [n] (index into the run's
+training samples), `input_ids` [N] int32, `loss_mask` [N] uint8, `last` [N, H] (final post-norm hidden state) and,
+for EAGLE-3, `aux` [N, n_aux*H] (the aux hidden states, low→high). Logits are not stored: one matmul with the
+target's lm_head rows rebuilds them, exactly as memory mode does (train/features.py).
+
+Every file is written beside its final name, fsynced and renamed, so a kill leaves either the old file or the
+new one. A shard on disk that no manifest part lists is the remains of a kill between its rename and the part
+update: the next extraction deletes and redoes it, so no sample is ever dropped or stored twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from array import array
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as st_save
+
+FORMAT, VERSION = "draftsmith-features", 1
+# what each head family needs per token besides input_ids and loss_mask
+FAMILY_FIELDS = {"eagle3": ("aux", "last"), "mlp_speculator": ("last",)}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+SHARD_RE = re.compile(r"^shard-r(\d{5})-(\d{6})\.safetensors$")
+UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+         "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
+
+
+class ShardError(ValueError):
+    """A features directory that does not match its manifest, or a run it was not extracted for."""
+
+
+def parse_size(text) -> int:
+    """'20G', '500M', '1.5GiB', '4096' -> bytes (binary units: 1K = 1024)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in UNITS:
+        raise ValueError(f"size {text!r}: expected a number with an optional unit K, M, G or T (e.g. 20G, 500M)")
+    return int(float(m.group(1)) * UNITS[m.group(2).upper()])
+
+
+def fmt_size(n: float) -> str:
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(n) < 1024 or unit == "T":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """tmp file in the same dir + fsync + rename + fsync of the dir: after a crash, the old file or the new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+# ---------------------------------------------------------------------------------------------------- fingerprints
+
+
+def _sha1(*chunks: bytes) -> str:
+    h = hashlib.sha1()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
+
+
+def target_fingerprint(target) -> dict:
+    """What makes two targets compute the same features: config, weights, dtype, aux layer ids.
+
+    The weights digest reads the first and last 1,024 values of every parameter, rounded to bf16, so it costs
+    milliseconds on an 8B model and is the same whether the target was loaded in fp32 or bf16 (the dtype is
+    compared on its own: features of a bf16 target are not what an fp32 target computes online).
+    """
+    skip = {"_name_or_path", "dtype", "torch_dtype", "transformers_version", "_attn_implementation_autoset"}
+    config = {k: v for k, v in target.config.to_dict().items() if k not in skip and not k.startswith("_attn")}
+    h = hashlib.sha1()
+    for name, p in sorted(target.model.named_parameters()):
+        flat = p.detach().reshape(-1)
+        ends = torch.cat([flat[:1024], flat[-1024:]]).to(torch.bfloat16).cpu()
+        h.update(f"{name}:{tuple(p.shape)}".encode())
+        h.update(ends.view(torch.int16).numpy().tobytes())
+    dtype = next(target.model.parameters()).dtype
+    return {"config_sha1": _sha1(json.dumps(config, sort_keys=True, default=str).encode()),
+            "weights_sha1": h.hexdigest(), "dtype": str(dtype).replace("torch.", ""),
+            "aux_layer_ids": list(target.aux_layer_ids)}
+
+
+def samples_fingerprint(samples) -> dict:
+    """sha1 over every training sample's token ids and loss mask, in order: the features' exact inputs."""
+    h = hashlib.sha1()
+    tokens = 0
+    for s in samples:
+        h.update(len(s.input_ids).to_bytes(8, "little"))
+        h.update(array("q", s.input_ids).tobytes())
+        h.update(bytes(s.loss_mask))
+        tokens += len(s.input_ids)
+    return {"samples_sha1": h.hexdigest(), "num_samples": len(samples), "num_tokens": tokens}
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    vocab = "\0".join(f"{t}\1{i}" for t, i in sorted(tokenizer.get_vocab().items()))
+    return _sha1(vocab.encode("utf-8", errors="surrogatepass"), str(tokenizer.chat_template).encode())
+
+
+def data_config_summary(cfg) -> dict:
+    """The settings that choose the samples (shown when samples differ; batching keys do not change features)."""
+    d = cfg.data
+    out = {k: d.get(k) for k in ("path", "num_conversations", "heldout", "max_length", "seed", "regen_max_tokens",
+                                 "regen_temperature")}
+    out["path"] = str(out["path"])
+    if cfg.head.family == "mlp_speculator":
+        out["head.stage"] = cfg.head.stage
+        if cfg.head.stage == 2:
+            out["stage2"] = {k: cfg.stage2.get(k) for k in ("num_prompts", "prompt_tokens", "max_tokens", "temperatures",
+                                                            "seed")}
+    return json.loads(json.dumps(out, default=str))
+
+
+def run_fingerprint(cfg, target, samples, tokenizer=None) -> dict:
+    """Everything a features directory must agree with before a run may train on it."""
+    fp = {"target": target_fingerprint(target), "data": samples_fingerprint(samples),
+          "data_config": data_config_summary(cfg), "target_name_or_path": str(target.config._name_or_path)}
+    if tokenizer is not None:
+        fp["tokenizer_sha1"] = tokenizer_fingerprint(tokenizer)
+    return fp
+
+
+def fingerprint_sha1(fp: dict) -> str:
+    """The digest of the parts that decide equality (names and paths are informational)."""
+    key = {"target": fp["target"], "data": fp["data"]}
+    return _sha1(json.dumps(key, sort_keys=True).encode())
+
+
+def fingerprint_differences(stored: dict, run: dict) -> list[str]:
+    """Human-readable differences between a manifest's fingerprint and this run's; [] when they match."""
+    out = []
+    a, b = stored["target"], run["target"]
+    if a["aux_layer_ids"] != b["aux_layer_ids"]:
+        out.append(f"aux layer ids: extracted {a['aux_layer_ids']}, this run uses {b['aux_layer_ids']}")
+    if a["config_sha1"] != b["config_sha1"]:
+        out.append(f"target config: extracted from {stored.get('target_name_or_path')!r}, this run's target "
+                   f"{run.get('target_name_or_path')!r} has another architecture config")
+    if a["weights_sha1"] != b["weights_sha1"]:
+        out.append(f"target weights: extracted from {stored.get('target_name_or_path')!r}, this run's target "
+                   f"{run.get('target_name_or_path')!r} has other weights")
+    if a["dtype"] != b["dtype"]:
+        out.append(f"target dtype: extracted with a {a['dtype']} target, this run's is {b['dtype']} (set target.dtype)")
+    if "tokenizer_sha1" in stored and "tokenizer_sha1" in run and stored["tokenizer_sha1"] != run["tokenizer_sha1"]:
+        out.append("tokenizer: another vocabulary or chat template than the extraction's")
+    if stored["data"] != run["data"]:
+        sa, sb = stored["data"], run["data"]
+        keys = sorted(set(stored["data_config"]) | set(run["data_config"]))
+        changed = [f"{k}: {stored['data_config'].get(k)!r} -> {run['data_config'].get(k)!r}" for k in keys
+                   if stored["data_config"].get(k) != run["data_config"].get(k)]
+        why = "; ".join(changed) if changed else "same data settings, so the source file or the rendering changed"
+        out.append(f"training samples: extracted {sa['num_samples']} samples / {sa['num_tokens']} tokens, this run has "
+                   f"{sb['num_samples']} / {sb['num_tokens']} ({why})")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- manifest
+
+
+def shard_name(rank: int, seq: int) -> str:
+    return f"shard-r{rank:05d}-{seq:06d}.safetensors"
+
+
+def part_path(root: Path, rank: int) -> Path:
+    return Path(root) / "parts" / f"rank-{rank:05d}.json"
+
+
+def read_json(path: Path, what: str):
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ShardError(f"{path}: unreadable {what} ({e})") from None
+
+
+def load_manifest(root) -> dict:
+    """The header of DIR/manifest.json with every rank part's shards merged in (a killed run's included)."""
+    root = Path(root)
+    path = root / "manifest.json"
+    if not path.is_file():
+        raise ShardError(f"{root}: no manifest.json (not a features directory; write one with `draftsmith extract`)")
+    manifest = read_json(path, "manifest")
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ShardError(f"{path}: format {manifest.get('format')!r} v{manifest.get('version')}, expected {FORMAT} v{VERSION}")
+    shards = {s["name"]: s for s in manifest.get("shards", [])}
+    stopped = {}  # from the parts only: a resumed extraction clears them
+    for part in sorted((root / "parts").glob("rank-*.json")):
+        body = read_json(part, "manifest part")
+        for s in body.get("shards", []):
+            shards[s["name"]] = s
+        if body.get("stopped"):
+            stopped[str(body["rank"])] = body["stopped"]
+    manifest["shards"] = sorted(shards.values(), key=lambda s: s["name"])
+    seen: dict[int, str] = {}
+    for s in manifest["shards"]:
+        for i in s["samples"]:
+            if i in seen:
+                raise ShardError(f"{root}: sample {i} is in both {seen[i]} and {s['name']} (a damaged manifest)")
+            seen[i] = s["name"]
+    manifest["covered_samples"] = len(seen)
+    manifest["covered_tokens"] = sum(s["tokens"] for s in manifest["shards"])
+    manifest["bytes"] = sum(s["bytes"] for s in manifest["shards"])
+    manifest["complete"] = len(seen) == manifest["fingerprint"]["data"]["num_samples"]
+    manifest["stopped"] = stopped or None
+    return manifest
+
+
+def write_manifest(root, manifest: dict) -> None:
+    """Rewrite DIR/manifest.json (atomically) from the merged view."""
+    atomic_write_json(Path(root) / "manifest.json", manifest)
+
+
+def orphan_files(root, manifest: dict) -> list[Path]:
+    """Shard and temporary files no manifest lists: what a kill mid-shard leaves behind."""
+    listed = {s["name"] for s in manifest["shards"]}
+    root = Path(root)
+    out = [p for p in root.glob("shard-r*.safetensors") if p.name not in listed]
+    out += list(root.glob(".tmp-*")) + list((root / "parts").glob(".tmp-*"))
+    return sorted(out)
+
+
+# ---------------------------------------------------------------------------------------------------- shard files
+
+
+def pack_shard(rows: list[dict], dtype: torch.dtype, fields: tuple[str, ...], meta: dict) -> bytes:
+    """One shard's bytes. rows: [{"index", "input_ids", "loss_mask", "conv_id", <fields>: [n, D] tensors}]."""
+    lengths = [len(r["input_ids"]) for r in rows]
+    offsets = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)  # [n+1]
+    tensors = {
+        "offsets": offsets,
+        "sample_index": torch.tensor([r["index"] for r in rows], dtype=torch.int64),  # [n]
+        "input_ids": torch.tensor([t for r in rows for t in r["input_ids"]], dtype=torch.int32),  # [N]
+        "loss_mask": torch.tensor([m for r in rows for m in r["loss_mask"]], dtype=torch.uint8),  # [N]
+    }
+    for f in fields:
+        tensors[f] = torch.cat([r[f] for r in rows]).to(dtype).contiguous()  # [N, D]
+    meta = {**meta, "conv_ids": json.dumps([r.get("conv_id", "") for r in rows])}
+    return st_save(tensors, metadata={k: str(v) for k, v in meta.items()})
+
+
+class ShardStore:
+    """Reads samples out of a features directory; shards are opened lazily (memory-mapped) and kept open."""
+
+    def __init__(self, root, manifest: dict | None = None, max_open: int = 64):
+        self.root = Path(root)
+        self.manifest = manifest or load_manifest(self.root)
+        self.fields = tuple(self.manifest["fields"])
+        self.where: dict[int, tuple[str, int]] = {}  # sample index -> (shard name, row in shard)
+        for s in self.manifest["shards"]:
+            for row, i in enumerate(s["samples"]):
+                self.where[i] = (s["name"], row)
+        self.open: dict[str, tuple] = {}  # name -> (handle, offsets list)
+        self.max_open = max_open
+
+    def _handle(self, name: str):
+        if name not in self.open:
+            if len(self.open) >= self.max_open:
+                self.open.pop(next(iter(self.open)))
+            path = self.root / name
+            if not path.is_file():
+                raise ShardError(f"{path}: shard listed in {self.root / 'manifest.json'} is missing")
+            try:
+                h = safe_open(str(path), framework="pt")
+                offsets = h.get_tensor("offsets").tolist()
+            except Exception as e:  # a truncated or overwritten file: name it, not a Rust panic
+                raise ShardError(f"{path}: unreadable shard ({type(e).__name__}: {e}); "
+                                 f"run `draftsmith extract --validate {self.root}`") from None
+            self.open[name] = (h, offsets)
+        return self.open[name]
+
+    def get(self, index: int) -> dict[str, torch.Tensor]:
+        """Sample `index`: {"input_ids" [n], "loss_mask" [n], and each stored field [n, D]}."""
+        if index not in self.where:
+            raise ShardError(f"{self.root}: sample {index} is not in any shard (the extraction covered "
+                             f"{len(self.where)} of {self.manifest['fingerprint']['data']['num_samples']} samples)")
+        name, row = self.where[index]
+        h, offsets = self._handle(name)
+        a, b = offsets[row], offsets[row + 1]
+        out = {k: h.get_slice(k)[a:b] for k in ("input_ids", "loss_mask", *self.fields)}
+        out["input_ids"] = out["input_ids"].long()
+        out["shard"] = name  # for error messages
+        return out
+
+
+def validate(root, run_fp: dict | None = None, samples=None) -> tuple[dict, list[str], list[str]]:
+    """Check every shard against the manifest: checksum, size, keys, shapes, dtypes, sample ids, fingerprint,
+    finite values. With `run_fp`/`samples` (a composed run), also the fingerprint and token ids against that run.
+
+    Returns (manifest, problems, notes); each problem names the shard and, where it applies, the sample.
+    """
+    root = Path(root)
+    manifest = load_manifest(root)
+    problems, notes = [], []
+    fp = manifest["fingerprint"]
+    want_sha = manifest["fingerprint_sha1"]
+    if fingerprint_sha1(fp) != want_sha:
+        problems.append(f"{root / 'manifest.json'}: fingerprint_sha1 does not match its fingerprint (edited by hand?)")
+    if run_fp is not None:
+        problems += [f"{root}: extracted for another run: {d}" for d in fingerprint_differences(fp, run_fp)]
+    dtype = DTYPES[manifest["dtype"]]
+    widths = {"aux": manifest["aux_dim"], "last": manifest["hidden_size"]}
+    num_samples = fp["data"]["num_samples"]
+    for s in manifest["shards"]:
+        path = root / s["name"]
+        where, before = f"{path}", len(problems)
+        if not path.is_file():
+            problems.append(f"{where}: missing")
+            continue
+        blob = path.read_bytes()
+        if len(blob) != s["bytes"]:
+            problems.append(f"{where}: {len(blob)} bytes, the manifest says {s['bytes']} (truncated or replaced)")
+            continue
+        if hashlib.sha256(blob).hexdigest() != s["sha256"]:
+            problems.append(f"{where}: sha256 differs from the manifest's (corrupted on disk)")
+            continue
+        try:
+            h = safe_open(str(path), framework="pt")
+            meta = h.metadata() or {}
+            keys = set(h.keys())
+        except Exception as e:
+            problems.append(f"{where}: unreadable safetensors ({type(e).__name__}: {e})")
+            continue
+        want_keys = {"offsets", "sample_index", "input_ids", "loss_mask", *manifest["fields"]}
+        if keys != want_keys:
+            problems.append(f"{where}: tensors {sorted(keys)}, expected {sorted(want_keys)}")
+            continue
+        if meta.get("fingerprint_sha1") != want_sha:
+            problems.append(f"{where}: written for target/data fingerprint {meta.get('fingerprint_sha1')}, "
+                            f"the manifest's is {want_sha}")
+        conv_ids = json.loads(meta.get("conv_ids", "[]"))
+        index = h.get_tensor("sample_index").tolist()
+        offsets = h.get_tensor("offsets")
+        if index != s["samples"]:
+            problems.append(f"{where}: holds samples {index[:8]}..., the manifest lists {s['samples'][:8]}...")
+            continue
+        bad_range = [i for i in index if not 0 <= i < num_samples]
+        if bad_range:
+            problems.append(f"{where}: sample {bad_range[0]} is outside the run's {num_samples} samples")
+        N = int(offsets[-1])
+        if offsets.numel() != len(index) + 1 or int(offsets[0]) != 0 or bool((offsets.diff() <= 0).any()) or N != s["tokens"]:
+            problems.append(f"{where}: token offsets do not describe {len(index)} samples of {s['tokens']} tokens")
+            continue
+        for k in ("input_ids", "loss_mask"):
+            if list(h.get_slice(k).get_shape()) != [N]:
+                problems.append(f"{where}: {k} has shape {h.get_slice(k).get_shape()}, expected [{N}]")
+        for k in manifest["fields"]:
+            t = h.get_tensor(k)
+            if list(t.shape) != [N, widths[k]] or t.dtype != dtype:
+                problems.append(f"{where}: {k} is {t.dtype} {list(t.shape)}, expected {dtype} [{N}, {widths[k]}]")
+                continue
+            finite = torch.isfinite(t).all(-1)  # [N]
+            if not bool(finite.all()):
+                tok = int((~finite).nonzero()[0])
+                row = int(torch.searchsorted(offsets, torch.tensor(tok), right=True)) - 1
+                problems.append(f"{where}: sample {index[row]} (conversation {conv_ids[row] if row < len(conv_ids) else '?'}) "
+                                f"has non-finite {k} at token {tok - int(offsets[row])}")
+        if samples is not None and len(problems) == before:
+            ids = h.get_tensor("input_ids").long()
+            mask = h.get_tensor("loss_mask")
+            for row, i in enumerate(index):
+                a, b = int(offsets[row]), int(offsets[row + 1])
+                if 0 <= i < len(samples) and (ids[a:b].tolist() != list(samples[i].input_ids)
+                                              or mask[a:b].tolist() != list(samples[i].loss_mask)):
+                    problems.append(f"{where}: sample {i} (conversation {samples[i].conv_id}) holds other tokens "
+                                    f"than this run's sample {i}")
+                    break
+    for p in orphan_files(root, manifest):
+        notes.append(f"{p}: not in the manifest (left by a killed extraction); ignored, removed by the next extract")
+    if not manifest["complete"]:
+        notes.append(f"{root}: covers {manifest['covered_samples']} of {num_samples} samples"
+                     + (f" (stopped: {manifest['stopped']})" if manifest["stopped"] else " (not finished)"))
+    return manifest, problems, notes

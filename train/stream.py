@@ -1,0 +1,184 @@
+"""data.features=stream: a producer thread runs the target ahead of training into a bounded buffer of shards on disk.
+
+The producer walks the same batch schedule as the loop (`epoch_batches`), computes each batch's features with the
+same collated forward the loop would run online, and writes them as one shard file (train/shards.py format);
+the trainer reads the shard for its batch and deletes it. The buffer holds at most `ahead` shards and, with a
+budget, never more bytes than the budget: the producer serializes a shard in memory first, so it knows its
+exact size and waits until it fits before writing it.
+
+The producer finds where it is in the schedule from the batch the trainer asks for (within an epoch every
+sample is in exactly one batch, so a batch names its position), so a resumed run needs no bookkeeping. When the
+trainer asks for a batch the buffer does not hold, that batch is computed online (the numbers are the same)
+and the producer restarts behind it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load
+
+from draftsmith.train.shards import FORMAT, ShardError, fmt_size, pack_shard
+
+MAX_SEARCH_EPOCHS = 1000
+
+
+def _dir_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.iterdir() if p.is_file())
+
+
+class StreamProducer:
+    def __init__(self, root, target, samples, schedule, fields, dtype: torch.dtype, budget: int | None,
+                 ahead: int = 16, log=print):
+        """
+        Args:
+            schedule: epoch -> this rank's batches (lists of sample indices), in the order the trainer takes them.
+            budget: bytes the buffer directory may hold (None: only `ahead` bounds it).
+        """
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        for p in self.root.glob("stream-*"):  # a killed run's leftovers
+            p.unlink()
+        self.target, self.samples, self.schedule = target, samples, schedule
+        self.fields, self.dtype, self.budget, self.ahead, self.log = tuple(fields), dtype, budget, ahead, log
+        self.cond = threading.Condition()
+        self.queue: collections.deque = collections.deque()  # (indices tuple, path, bytes)
+        self.used = 0  # bytes of the shard files now in the buffer
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+        self.error: BaseException | None = None
+        self.seq = 0
+        self.epoch = 0  # the epoch the producer is in (where a resync searches first)
+        self.stats = {"shards": 0, "bytes_written": 0, "peak_disk_bytes": 0, "target_tokens": 0, "resyncs": 0,
+                      "budget_bytes": budget, "ahead": ahead}
+
+    def _compute(self, indices: list[int]) -> list[dict]:
+        from draftsmith.train.extract import feature_rows
+
+        device = next(self.target.model.parameters()).device
+        # the whole batch in one forward, exactly the loop's online call (same padding, same kernels)
+        return feature_rows(self.target, self.samples, list(indices), self.fields, self.dtype, self.target.pad_id, device)
+
+    def _run(self, epoch: int, i: int) -> None:
+        try:
+            while True:
+                batches = self.schedule(epoch)
+                if not batches:
+                    raise ShardError(f"stream: the batch schedule of epoch {epoch} is empty")
+                with self.cond:
+                    self.epoch = epoch
+                while i < len(batches):
+                    idx = batches[i]
+                    rows = self._compute(idx)
+                    blob = pack_shard(rows, self.dtype, self.fields, {"format": FORMAT, "stream": "1"})
+                    if self.budget is not None and len(blob) > self.budget:
+                        raise ShardError(f"data.max_disk: one batch's features take {fmt_size(len(blob))}, more than the "
+                                         f"stream buffer's budget {fmt_size(self.budget)} per process; raise data.max_disk "
+                                         f"or lower data.max_tokens_per_batch")
+                    with self.cond:
+                        while not self.stopping and (len(self.queue) >= self.ahead or
+                                                     (self.budget is not None and self.used + len(blob) > self.budget)):
+                            self.cond.wait()
+                        if self.stopping:
+                            return
+                    path = self.root / f"stream-{self.seq:08d}.safetensors"
+                    tmp = self.root / f"stream-{self.seq:08d}.tmp"
+                    tmp.write_bytes(blob)  # no fsync: a crash deletes the whole buffer on restart anyway
+                    tmp.replace(path)
+                    self.seq += 1
+                    with self.cond:
+                        self.queue.append((tuple(idx), path, len(blob)))
+                        self.used += len(blob)
+                        self.stats["shards"] += 1
+                        self.stats["bytes_written"] += len(blob)
+                        self.stats["target_tokens"] += sum(len(self.samples[j].input_ids) for j in idx)
+                        self.stats["peak_disk_bytes"] = max(self.stats["peak_disk_bytes"], _dir_bytes(self.root))
+                        self.cond.notify_all()
+                    i += 1
+                epoch, i = epoch + 1, 0
+        except BaseException as e:  # handed to the trainer on its next call
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def _locate(self, indices: list[int], first_epoch: int) -> tuple[int, int] | None:
+        for epoch in range(first_epoch, first_epoch + MAX_SEARCH_EPOCHS):
+            for i, b in enumerate(self.schedule(epoch)):
+                if list(b) == list(indices):
+                    return epoch, i
+        return None
+
+    def _stop(self) -> None:
+        if self.thread is not None:
+            with self.cond:
+                self.stopping = True
+                self.cond.notify_all()
+            self.thread.join()
+            self.thread = None
+        for _, path, _ in self.queue:
+            path.unlink(missing_ok=True)
+        self.queue.clear()
+        self.used, self.stopping = 0, False
+
+    def _start(self, epoch: int, i: int) -> None:
+        self.thread = threading.Thread(target=self._run, args=(epoch, i), name="draftsmith-stream", daemon=True)
+        self.thread.start()
+
+    def take(self, indices: list[int]) -> list[dict]:
+        """The feature rows of the batch `indices` (in its order): from the buffer, or computed now on a resync."""
+        key = tuple(indices)
+        with self.cond:
+            while self.thread is not None and not self.queue and self.error is None:
+                self.cond.wait()
+            if self.error is not None:
+                raise self.error
+            keys = [q[0] for q in self.queue]
+            if key in keys:
+                for _ in range(keys.index(key)):  # batches the trainer skipped (e.g. an epoch's unused tail)
+                    _, path, n = self.queue.popleft()
+                    path.unlink(missing_ok=True)
+                    self.used -= n
+                _, path, n = self.queue.popleft()
+                tensors = st_load(path.read_bytes())
+                path.unlink()
+                self.used -= n
+                self.cond.notify_all()
+                return _rows(tensors, self.fields)
+        # not buffered: the first call, or the trainer left the schedule (a resume); compute it, restart behind it
+        first = self.thread is None and self.stats["shards"] == 0
+        self.stats["resyncs"] += 0 if first else 1
+        self._stop()
+        found = self._locate(indices, 0 if first else self.epoch)
+        rows = self._compute(indices)
+        self.stats["target_tokens"] += sum(len(self.samples[j].input_ids) for j in indices)
+        if found is None:
+            self.log(f"stream: batch {list(indices)[:8]} is not in the next {MAX_SEARCH_EPOCHS} epochs' schedule; "
+                     "computed online")
+        else:
+            self._start(found[0], found[1] + 1)
+        return [{k: r[k] for k in ("index", "input_ids", "loss_mask", *self.fields)} for r in rows]
+
+    def close(self) -> dict:
+        """Stop the producer, delete the buffer, and write stream_stats.json (peak disk use, shards, resyncs)."""
+        self._stop()
+        for p in self.root.glob("stream-*"):
+            p.unlink()
+        (self.root / "stream_stats.json").write_text(json.dumps(self.stats, indent=1) + "\n")
+        return self.stats
+
+
+def _rows(tensors: dict, fields) -> list[dict]:
+    """Split a shard's concatenated tensors back into per-sample rows."""
+    offsets = tensors["offsets"].tolist()
+    out = []
+    for r, i in enumerate(tensors["sample_index"].tolist()):
+        a, b = offsets[r], offsets[r + 1]
+        row = {"index": i, "input_ids": tensors["input_ids"][a:b].long()}
+        for k in fields:
+            row[k] = tensors[k][a:b]
+        out.append(row)
+    return out

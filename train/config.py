@@ -22,6 +22,9 @@ class TargetConfig:
     # None means (2, n//2, n-3).
     aux_layer_ids: Optional[list[int]] = None
     dtype: str = "auto"  # auto = bf16 where the accelerator supports it, fp32 on CPU
+    # HF config fields beyond the three above (model_type, intermediate_size, heads, ...): lets the dry run build
+    # the target on the meta device where no config.json is on disk. Training reads the real config.
+    arch: Optional[dict[str, Any]] = None
 
 
 @dataclass
@@ -110,6 +113,8 @@ class Config:
     keep_checkpoints: int = 2
     eval_batches: int = 8
     mixed_precision: str = "auto"  # auto | no | bf16
+    dry_run: bool = False  # print per-rank memory (train/memory.py) from shapes alone, then stop
+    dry_run_processes: int = 8  # the process count the dry run shards over
     wandb: dict[str, Any] = field(default_factory=lambda: {"mode": "offline", "project": "draftsmith"})
 
 

@@ -3,6 +3,7 @@
     accelerate launch train/run.py conf=eagle3_smollm2
     accelerate launch train/run.py conf=eagle3_llama8b head.ttt_steps=3 data.max_length=1024
     python train/run.py conf=eagle3_smollm2 optim.max_minutes=5 resume=auto
+    python train/run.py conf=eagle3_llama8b dry_run=true dry_run_processes=8   # per-rank memory, no weights
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ def main(cfg: DictConfig) -> dict:
     from draftsmith.train.build import build_data_and_vocab, build_head, build_target, fast_bf16
     from draftsmith.train.loop import print0, train
 
+    if cfg.dry_run:  # shapes only: no weights, no data, no accelerator
+        from draftsmith.train.memory import report
+
+        print(report(cfg, cfg.dry_run_processes))
+        return {}
     mp = cfg.mixed_precision
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     accelerator = Accelerator(mixed_precision=("bf16" if fast_bf16(device) else "no") if mp == "auto" else mp)

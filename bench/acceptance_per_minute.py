@@ -43,7 +43,9 @@ LEVERS = {
     "vocab16k": ("draft vocab 16,384", ["head.draft_vocab_size=16384"]),
     "regen": ("the target's own answers (draftsmith regenerate)", ["data.path={regen}", "data.num_conversations=null"]),
     "memory": ("features kept in memory, reused across epochs", ["data.features=memory"]),
+    "lr2e-3": ("peak lr 2e-3", ["optim.lr=2e-3"]),
     "lr3e-3": ("peak lr 3e-3", ["optim.lr=3e-3"]),
+    "prompts": ("prompt rows supervised too (the target's distribution on user turns)", ["data.supervise=all"]),
     "ttt5": ("TTT depth 5", ["head.ttt_steps=5"]),
 }
 

@@ -123,3 +123,20 @@ def test_llama8b_preset_matches_the_issue():
         assert cfg.data.max_length == 2048 and cfg.mixed_precision == "bf16"
         with pytest.raises(Exception, match="tt_steps"):
             compose(config_name="config", overrides=["conf=eagle3_llama8b", "head.tt_steps=3"])
+
+
+def test_supervise_all_trains_on_prompt_rows_too(tiny_target_dir, data_file, tmp_path):
+    """data.supervise=all scores every real token (prompt rows included); held-out eval stays assistant-only."""
+    runs = {}
+    for mode in ("assistant", "all"):
+        out = tmp_path / mode
+        run_train(tiny_target_dir, data_file, out, f"data.supervise={mode}", "optim.max_steps=2", "eval_every=2",
+                  "save_every=0")
+        runs[mode] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    tokens = {m: [r["tokens"] for r in logs if "loss" in r][-1] for m, logs in runs.items()}
+    assert tokens["all"] > 1.3 * tokens["assistant"], tokens  # the user turns and system prompt join the loss
+
+
+def test_supervise_rejects_unknown_values(tiny_target_dir, data_file, tmp_path):
+    with pytest.raises(AssertionError, match=r"data.supervise='everything': expected assistant \| all"):
+        run_train(tiny_target_dir, data_file, tmp_path / "x", "data.supervise=everything")

@@ -62,6 +62,9 @@ class DataConfig:
     features: str = "online"
     features_dir: Optional[str] = None
     max_disk: Optional[str] = None  # stream: bound on the buffer's bytes, e.g. 2G or 500M (binary units)
+    # assistant: train on the assistant's tokens only; all: also on prompt rows (user turns, system prompt),
+    # scored against the target's distribution there too (held-out eval stays on assistant tokens)
+    supervise: str = "assistant"
     regen_max_tokens: int = 256  # regen: answer length cap
     regen_temperature: float = 0.0  # regen: 0 = greedy, what greedy serving sees
 

@@ -108,6 +108,8 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     world, accum = accelerator.num_processes, cfg.optim.grad_accum
     if accum < 1:
         raise ValueError(f"optim.grad_accum={accum}: must be >= 1")
+    if cfg.data.supervise not in ("assistant", "all"):
+        raise ValueError(f"data.supervise={cfg.data.supervise!r}: expected assistant | all")
     per_epoch = len(epoch_batches(data, cfg, 0, accelerator.process_index, world)) // accum
     if per_epoch == 0:
         raise ValueError(f"no training batches: {len(data.train)} samples for {world} processes x {accum} micro-batches")
@@ -178,6 +180,9 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             micro = batches[cursor * accum:(cursor + 1) * accum]
             collated = [{k: v.to(device) for k, v in collate([data.train[i] for i in idx], target.pad_id).items()}
                         for idx in micro]
+            if cfg.data.supervise == "all":  # prompt rows too: the target's distribution is known at every position
+                for b in collated:
+                    b["loss_mask"] = b["attention_mask"].to(b["loss_mask"].dtype)
             # Each step's loss is the mean over every supervised token of the global batch (all ranks, all
             # micro-batches), not a mean of per-rank means: ranks see different token counts.
             local = torch.stack([torch.cat([objective.supervised_counts(b["loss_mask"]), b["loss_mask"].sum()[None]])

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.assets import cache_dir, resolve_target
+from draftsmith.train.data.conversations import DataError
 from draftsmith.train.data.dataset import prepare_data
 from draftsmith.train.data.render import special_ids
 from draftsmith.train.data.vocab import build_draft_vocab
@@ -130,7 +131,15 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
 
         data_cfg = OmegaConf.merge(data_cfg, {"path": regenerated_path(data_cfg, tokenizer.name_or_path),
                                               "num_conversations": None})
+    if len(tokenizer) > cfg.target.vocab_size:  # token ids past the target's embedding rows: a different model's tokenizer
+        raise DataError(f"tokenizer {tokenizer.name_or_path!r} has {len(tokenizer)} tokens but the target "
+                        f"{cfg.target.name_or_path!r} has {cfg.target.vocab_size} embeddings: they are not a pair")
     data = prepare_data(data_cfg, tokenizer, cache_dir())
+    render = {f"{split} {k}": v for split, t in data.stats.get("render", {}).items() for k, v in t.items()
+              if k in ("render_errors", "no_supervised_tokens", "no_supervised_after_truncation", "truncated") and v}
+    if data.stats.get("skipped") or data.stats.get("trimmed") or data.stats.get("file_truncated") or render:
+        log(f"data problems (skipped records are not trained on):\n{data.stats['read']}"
+            + ("\nrendering: " + ", ".join(f"{k}={v}" for k, v in render.items()) if render else ""))
     pinned = sorted(special_ids(tokenizer))
     vocab = build_draft_vocab(data.counts, cfg.head.draft_vocab_size, pinned_ids=pinned)
     coverage = vocab.coverage(data.counts)

@@ -19,6 +19,10 @@ from safetensors.torch import load_file, save_file
 from draftsmith.atomic import atomic_dir
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used here: unreadable (truncated, corrupt) or made for another target/head."""
+
+
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
@@ -30,6 +34,7 @@ def set_rng_state(state: dict) -> None:
 
 
 def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Finished checkpoints, oldest first (a write killed midway is a `.tmp-*` dir and never listed)."""
     root = Path(run_dir) / "checkpoints"
     return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.exists() else []
 
@@ -56,12 +61,43 @@ def save_checkpoint(run_dir, step: int, head_state: dict, head_meta: dict, train
     return final
 
 
+def _unreadable(path: Path, e: Exception) -> CheckpointError:
+    older = [p.name for p in checkpoints(path.parent.parent.parent) if p != path.parent]  # run/checkpoints/step_N/file
+    hint = f"; older checkpoints: {', '.join(older[-3:])} (pass one as resume=DIR)" if older else ""
+    return CheckpointError(f"{path}: unreadable checkpoint file, truncated or corrupt ({type(e).__name__}: {e}){hint}")
+
+
 def load_head(ckpt: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     """(head.json meta, tensors) from a checkpoint or run dir."""
     ckpt = resolve_checkpoint(ckpt)
-    meta = json.loads((ckpt / "head.json").read_text())
-    return meta, load_file(ckpt / "head.safetensors")
+    try:
+        meta = json.loads((ckpt / "head.json").read_text())
+    except (OSError, ValueError) as e:
+        raise _unreadable(ckpt / "head.json", e) from None
+    try:
+        return meta, load_file(ckpt / "head.safetensors")
+    except Exception as e:  # safetensors raises its own error type for a bad header or short file
+        raise _unreadable(ckpt / "head.safetensors", e) from None
 
 
 def load_trainer_state(ckpt: str | os.PathLike) -> dict:
-    return torch.load(resolve_checkpoint(ckpt) / "trainer.pt", map_location="cpu", weights_only=False)
+    path = resolve_checkpoint(ckpt) / "trainer.pt"
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # zip/pickle errors of a truncated file
+        raise _unreadable(path, e) from None
+
+
+def check_same_head(meta: dict, config: dict, ckpt) -> None:
+    """Refuse a checkpoint whose head was built for another target or shape (names every differing field)."""
+    ignore = {"target", "ttt_steps"}  # provenance; the unroll depth may change between runs
+    theirs, ours = meta.get("config", {}), config
+    diff = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours) - ignore)
+            if k not in ignore and theirs.get(k) != ours.get(k)}
+    for k in ("num_hidden_layers", "model_type"):  # the target it was trained against
+        a, b = theirs.get("target", {}).get(k), ours.get("target", {}).get(k)
+        if a is not None and b is not None and a != b:
+            diff[f"target.{k}"] = (a, b)
+    if diff:
+        raise CheckpointError(f"{ckpt}: this {meta.get('family', '?')} head was trained for another target or head "
+                              f"shape: " + ", ".join(f"{k} checkpoint={a!r} here={b!r}" for k, (a, b) in diff.items()))

@@ -14,8 +14,8 @@ from accelerate.utils import DistributedType
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from draftsmith.train.checkpoint import (load_head, load_trainer_state, resolve_checkpoint, rng_state, save_checkpoint,
-                                         set_rng_state)
+from draftsmith.train.checkpoint import (CheckpointError, check_same_head, load_head, load_trainer_state,
+                                         resolve_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from draftsmith.train.data.dataset import collate, make_batches
 from draftsmith.train.features import build_feature_source
 from draftsmith.train.objective import build_objective
@@ -137,7 +137,13 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             raise ValueError(f"{ckpt} was trained with {group} micro-batches per optimizer step (processes x "
                              f"optim.grad_accum); this run has {world} x {accum}: set optim.grad_accum={group // world}"
                              if group % world == 0 else f"{ckpt}: global batch {group} is not divisible by {world} processes")
-        missing = raw.load_state_dict(load_head(ckpt)[1], strict=False)
+        meta, weights = load_head(ckpt)
+        check_same_head(meta, raw.config.to_dict(), ckpt)
+        if "d2t" in weights and not torch.equal(weights["d2t"].to(raw.d2t.device), raw.d2t):
+            # the target logits the features give are over this run's draft vocab; the checkpoint's head is not
+            raise CheckpointError(f"{ckpt}: its draft vocab differs from the one this run built from the data "
+                                  f"(data.path, data.num_conversations or head.draft_vocab_size changed)")
+        missing = raw.load_state_dict(weights, strict=False)
         frozen_or_tied = set(raw.state_dict()) - set(raw.trainable_state_dict())  # e.g. embed_tokens, tied stages
         assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
         optimizer.load_state_dict(state["optimizer"])

@@ -430,7 +430,7 @@ def load_eagle3_head(path: str | Path, target: Target):
     with the target's embedding installed. Returns (head, training metrics or {})."""
     from safetensors.torch import load_file
 
-    from draftsmith.train.checkpoint import load_head
+    from draftsmith.train.checkpoint import check_head_fits_target, load_head
     from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 
     path = Path(path)
@@ -444,6 +444,7 @@ def load_eagle3_head(path: str | Path, target: Target):
         if meta.get("family", "eagle3") != "eagle3":
             raise ValueError(f"{path}: a {meta.get('family')!r} head, not eagle3")
         cfg, metrics = Eagle3Config(**meta["config"]), meta.get("metrics") or {}
+    check_head_fits_target(cfg.to_dict(), target.config, path)
     head = Eagle3Head(cfg)
     state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     missing, unexpected = head.load_state_dict(state, strict=False)
@@ -493,6 +494,9 @@ def load_head_drafter(name: str, path: str | Path, target: Target, draft_samplin
     dtype = next(target.model.parameters()).dtype
     if head_family(path) == "mlp_speculator":
         head, metrics = load_mlp_speculator(path)
+        from draftsmith.train.checkpoint import check_head_fits_target
+
+        check_head_fits_target(head.config.to_dict(), target.config, path)
         return MLPSpeculatorDrafter(head.to(dtype), draft_sampling=draft_sampling, name=name), metrics
     head, metrics = load_eagle3_head(path, target)
     return Eagle3Drafter(head, draft_sampling=draft_sampling, name=name), metrics

@@ -190,3 +190,17 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(tiny_target_dir
     assert "last good checkpoint kept" in p.stderr
     assert [c.name for c in checkpoints(run)] == ["step_00000002"]
     assert (run / "checkpoints" / "step_00000002" / "head.safetensors").read_bytes() == before
+
+
+def test_eval_and_export_refuse_a_head_from_another_target(two_steps, tiny_model, tmp_path, capsys):
+    from draftsmith.cli import main
+    from draftsmith.eval.reference_decoder import load_head_drafter
+    from draftsmith.train.target import Target
+
+    other = Target(tiny_model, [1, 3, 4])  # same width, a 128-token vocab instead of 49,152
+    with pytest.raises(CheckpointError, match=r"trained for .*tiny_target.*not this target: vocab_size head=49152 target=128"):
+        load_head_drafter("mine", two_steps, other)
+    tiny_model.save_pretrained(tmp_path / "other_target")
+    assert main(["export", "--format", "vllm", str(two_steps), str(tmp_path / "out"),
+                 "--target", str(tmp_path / "other_target")]) == 1
+    assert "vocab" in capsys.readouterr().err

@@ -101,3 +101,19 @@ def check_same_head(meta: dict, config: dict, ckpt) -> None:
     if diff:
         raise CheckpointError(f"{ckpt}: this {meta.get('family', '?')} head was trained for another target or head "
                               f"shape: " + ", ".join(f"{k} checkpoint={a!r} here={b!r}" for k, (a, b) in diff.items()))
+
+
+def check_head_fits_target(config: dict, target_config, where) -> None:
+    """Refuse to pair a head with a target it was not made for (before a shape error deep inside torch)."""
+    want = {"vocab_size": target_config.vocab_size}
+    if "target_hidden_size" in config:  # EAGLE-3
+        want["target_hidden_size"] = target_config.hidden_size
+    if "emb_dim" in config:  # MLP speculator
+        want["emb_dim"] = target_config.hidden_size
+    diff = {k: (config.get(k), v) for k, v in want.items() if config.get(k) != v}
+    bad_aux = [i for i in config.get("aux_layer_ids") or [] if not 0 <= i < target_config.num_hidden_layers]
+    if diff or bad_aux:
+        trained_on = (config.get("target") or {}).get("name_or_path") or "another target"
+        raise CheckpointError(f"{where}: this head was trained for {trained_on}, not this target: "
+                              + ", ".join([f"{k} head={a} target={b}" for k, (a, b) in diff.items()]
+                                          + ([f"aux layers {bad_aux} beyond {target_config.num_hidden_layers}"] if bad_aux else [])))

@@ -102,7 +102,7 @@ def _raw_messages(rec: Any) -> list[tuple[str, str]]:
         if not isinstance(m, dict):
             raise _Skip("bad message", f"message {j} is {type(m).__name__}")
         role, content = m.get(rkey), m.get(ckey)
-        if role not in ROLE_MAP:
+        if not isinstance(role, str) or role not in ROLE_MAP:  # a dict or list role is not even hashable
             raise _Skip("unknown role", f"message {j} role {role!r}")
         if not isinstance(content, str):
             raise _Skip("non-string content", f"message {j} content is {type(content).__name__}")
@@ -241,6 +241,8 @@ def _iter_json_array(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
                 try:
                     obj, end = decoder.raw_decode(buf, pos)
                     break
+                except RecursionError:
+                    raise DataError(f"{p}:record {index}: malformed JSON: nested too deeply") from None
                 except json.JSONDecodeError as e:
                     # An incomplete record fails at (or just before) the buffer's end, or inside a long
                     # string; anything else is a syntax error that more data will not fix.
@@ -285,6 +287,10 @@ def _iter_jsonl(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
                 stats.read += 1
                 stats.skip("malformed JSON", where, f"column {e.colno}: {e.msg}")
                 continue
+            except RecursionError:  # nesting deeper than Python's stack
+                stats.read += 1
+                stats.skip("malformed JSON", where, "nested too deeply")
+                continue
             yield rec, where
 
 
@@ -323,6 +329,8 @@ def _records(path: str, stats: ReadStats) -> Iterator[tuple[Any, str]]:
     if p.suffix not in (".json", ".jsonl"):
         raise DataError(f"{p}: unknown data format (expected .json, .jsonl, a saved HF dataset dir or hf:NAME)")
     first = _first_char(p)
+    if p.suffix == ".jsonl" and first != "":  # trust the extension: a junk first line must not turn it into an array
+        return _iter_jsonl(p, stats)
     if first == "[":
         return _iter_json_array(p, stats)
     if first == "{":  # JSON lines, whatever the extension says (HF's to_json writes these as .json)

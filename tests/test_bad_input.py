@@ -120,3 +120,14 @@ def test_fatal_problems_stop_before_training(tmp_path, tokenizer):
         prepare_data(cfg, tokenizer, cache_dir=None)
     with pytest.raises(DataError, match="no such file"):
         prepare_data(SimpleNamespace(**{**vars(cfg), "path": str(tmp_path / "missing.jsonl")}), tokenizer, None)
+
+
+def test_tokenizer_that_is_not_the_targets_stops_before_data_prep(tmp_path, tokenizer):
+    from omegaconf import OmegaConf
+
+    from draftsmith.train.build import build_data_and_vocab
+
+    cfg = OmegaConf.create({"target": {"name_or_path": "some-128-token-model", "vocab_size": 128},
+                            "data": {"path": str(tmp_path / "never_read.jsonl")}, "head": {"draft_vocab_size": 64}})
+    with pytest.raises(DataError, match=r"has 49152 tokens but the target 'some-128-token-model' has 128 embeddings"):
+        build_data_and_vocab(cfg, tokenizer, tmp_path / "run")

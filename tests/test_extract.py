@@ -78,32 +78,35 @@ def sample_features(root) -> dict[int, dict]:
 def test_every_feature_mode_trains_the_same_losses(tiny_target_dir, data_file, tmp_path):
     """online, memory, offline and stream give the same batch the same features, so the same losses.
 
-    Exact where the features come from the same forward: stream runs the target on the very batch the online
-    loop would (same padding, same kernels), so its losses equal online's bit for bit. memory and offline run
-    each sample once inside another group of samples (memory: the batch's not-yet-seen samples; offline: the
-    extraction's length-sorted groups), and a GEMM over a different batch shape may block its sums
-    differently: fp32 features then differ in the last bits (~1e-7 relative), which 12 AdamW steps carry into
-    the loss at the ~1e-6 level. 1e-5 leaves room for that and fails on any real mistake (a wrong sample, a
-    shifted position or bf16 rounding of the features each move the loss by > 1e-3).
+    stream runs the target on the very batch the online loop would (same padding, same kernels): bit for bit.
+    memory and offline run each sample once inside another group of samples (memory: the batch's unseen
+    samples; offline: the extraction's length-sorted groups). A GEMM over another batch shape may sum in
+    another order when it uses several threads, which moves fp32 features by ~1e-7 relative (with one
+    thread they came out exact here). The losses follow the features about linearly: storing the features in
+    bf16 (~4e-3 relative) moved them by ~5e-6 (the control below), so fp32 reordering stays ~4 orders of
+    magnitude under atol=1e-6, while a bf16-sized perturbation, a wrong sample or a shifted position fails.
     """
     args = lambda name, *extra: overrides(tiny_target_dir, data_file, tmp_path / name, *extra)  # noqa: E731
-    feats = tmp_path / "features"
+    feats, feats_bf16 = tmp_path / "features", tmp_path / "features_bf16"
     summary = run_extract(args("x"), feats, shard_size="96K")
     assert summary["complete"] and summary["covered_samples"] == 32 and summary["new_tokens"] > 0
     assert len(load_manifest(feats)["shards"]) > 2  # several shards, so reads cross shard boundaries
+    run_extract(args("x"), feats_bf16, shard_size="1M", dtype="bf16")
 
     online = train_in_process(args("online"))
     memory = train_in_process(args("memory", "data.features=memory"))
     offline = train_in_process(args("offline", "data.features=offline", f"data.features_dir={feats}"))
     budget = 2500 * 1024  # about two of the largest batches (512 tokens x 2 KB in fp32): the producer waits
     stream = train_in_process(args("stream", "data.features=stream", f"data.max_disk={budget}"))
+    control = train_in_process(args("bf16", "data.features=offline", f"data.features_dir={feats_bf16}"))
 
     assert len(online) == 12 and max(r["epoch"] for r in online) >= 1  # the second epoch re-reads every sample
-    loss = {name: torch.tensor([r["loss"] for r in recs], dtype=torch.float64)
-            for name, recs in (("online", online), ("memory", memory), ("offline", offline), ("stream", stream))}
+    loss = {name: torch.tensor([r["loss"] for r in recs], dtype=torch.float64) for name, recs in
+            (("online", online), ("memory", memory), ("offline", offline), ("stream", stream), ("bf16", control))}
     assert torch.equal(loss["stream"], loss["online"])
     for name in ("memory", "offline"):
-        torch.testing.assert_close(loss[name], loss["online"], rtol=0, atol=1e-5, msg=name)
+        torch.testing.assert_close(loss[name], loss["online"], rtol=0, atol=1e-6, msg=name)
+    assert (loss["bf16"] - loss["online"]).abs().max() > 1e-6  # the tolerance does see a bf16-sized change
     assert offline[-1]["target_tokens"] == 0  # offline never ran the target on a training batch
 
     stats = json.loads((tmp_path / "stream" / "stream_features" / "rank-00000" / "stream_stats.json").read_text())
@@ -263,9 +266,12 @@ def test_extract_under_accelerate_launch_two_cpu_processes(tiny_target_dir, data
     """Two gloo processes: rank r extracts samples i % 2 == r into its own shards, and the manifest merges them."""
     args = overrides(tiny_target_dir, data_file, tmp_path / "x")
     out = tmp_path / "two"
-    cmd = ["accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "-m", "draftsmith.cli", "extract", "--out", str(out), "--shard-size", "32K", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # `accelerate launch --cpu` starts one process whatever --num_processes says; torchrun + ACCELERATE_USE_CPU
+    # gives gloo processes (on GPUs: accelerate launch --num_processes N -m draftsmith.cli extract ...)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "draftsmith.cli", "extract", "--out", str(out), "--shard-size", "32K", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     m = load_manifest(out)
     assert m["complete"] and {s["rank"] for s in m["shards"]} == {0, 1}

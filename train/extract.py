@@ -1,7 +1,8 @@
 """`draftsmith extract`: a training config's target features, written once as safetensors shards + a manifest.
 
     draftsmith extract --out features/eagle3_smollm2 conf=eagle3_smollm2 --max-disk 20G
-    accelerate launch --cpu --num_processes 2 -m draftsmith.cli extract --out DIR conf=eagle3_smollm2
+    accelerate launch --num_processes 8 -m draftsmith.cli extract --out DIR conf=eagle3_llama8b      # GPUs
+    ACCELERATE_USE_CPU=1 torchrun --standalone --nproc_per_node 2 -m draftsmith.cli extract --out DIR ...  # gloo, CPU
     draftsmith extract --validate features/eagle3_smollm2                   # shards vs manifest
     draftsmith extract --validate features/eagle3_smollm2 conf=eagle3_smollm2   # ... and vs this run's target/data
     python train/run.py conf=eagle3_smollm2 data.features=offline data.features_dir=features/eagle3_smollm2
@@ -130,9 +131,9 @@ def check_compatible(existing: dict, header: dict, root: Path) -> None:
 
 def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log=print) -> dict:
     """Extract (or finish extracting) the features of `cfg`'s training samples into `out`; returns a summary."""
-    from accelerate import PartialState
+    from accelerate import Accelerator
 
-    state = PartialState()
+    state = Accelerator()  # reads the launcher's env (torchrun + ACCELERATE_USE_CPU=1 gives gloo processes on CPU)
     rank, world, device = state.process_index, state.num_processes, state.device
     main = state.is_main_process
     root = Path(out)

@@ -1,0 +1,101 @@
+"""Feature extraction on the embedded default target: tokens/s against a plain HF forward, disk bytes per token
+per head family and storage dtype, peak RSS.
+
+    OMP_NUM_THREADS=1 python bench/extract.py --samples 32 --max-length 512 --out bench/results/2026-11-22/extract.md
+
+The samples are the first ShareGPT conversations rendered as `conf=eagle3_smollm2 data.path=sharegpt` renders
+them. The plain forward is `model(input_ids, attention_mask)` (the HF causal LM with its full-vocab logits) and
+the backbone alone (`model.model`, no lm_head) over the same length-sorted groups of samples; extraction is
+`draftsmith extract` end to end after loading (target forward, slicing, safetensors packing, sha256, fsynced writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def plain_forward_rate(target, samples, groups, pad_id: int, backbone: bool) -> float:
+    """Tokens/s of HF forwards over `groups` of samples (one warm-up group first)."""
+    from draftsmith.train.data.dataset import collate
+
+    model = target.model.model if backbone else target.model
+    batches = [collate([samples[i] for i in g], pad_id) for g in groups]
+    with torch.no_grad():
+        model(input_ids=batches[0]["input_ids"], attention_mask=batches[0]["attention_mask"])
+        start = time.perf_counter()
+        for b in batches:
+            model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+        elapsed = time.perf_counter() - start
+    return sum(len(s.input_ids) for s in samples) / elapsed
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--samples", type=int, default=32, help="training conversations to extract")
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--out", default=None, help="also write the markdown here")
+    args = p.parse_args(argv)
+
+    from draftsmith.train.extract import build_run_data, compose, extract, forward_groups
+
+    base = ["conf=eagle3_smollm2", "data.path=sharegpt", f"data.num_conversations={args.samples}", "data.heldout=8",
+            f"data.max_length={args.max_length}", "data.max_tokens_per_batch=2048", "wandb.mode=disabled"]
+    cfg = compose(base)
+    quiet = lambda *a: None  # noqa: E731
+    target, _, data, _ = build_run_data(cfg, torch.device("cpu"), None, log=quiet)
+    samples = data.train
+    tokens = sum(len(s.input_ids) for s in samples)
+    groups = forward_groups(samples, list(range(len(samples))), cfg.data.max_tokens_per_batch, cfg.data.max_batch_size)
+    dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
+    hf_logits = plain_forward_rate(target, samples, groups, target.pad_id, backbone=False)
+    hf_backbone = plain_forward_rate(target, samples, groups, target.pad_id, backbone=True)
+    del target
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-extract-") as tmp:
+        for family, head in (("eagle3", []), ("mlp_speculator", ["head=mlp"])):
+            for store in ("bf16", "fp32"):
+                s = extract(compose(base + head), Path(tmp) / f"{family}-{store}", dtype=store, log=quiet)
+                rows.append((family, store, s))
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    lines = [
+        f"# Feature extraction, {date.today().isoformat()}",
+        "",
+        f"Target SmolLM2-135M-Instruct ({dtype}, CPU, {torch.get_num_threads()} torch thread(s)); {len(samples)} ShareGPT "
+        f"training samples, {tokens} tokens (max length {args.max_length}); forward groups of <= "
+        f"{cfg.data.max_tokens_per_batch} padded tokens. Command: `python bench/extract.py --samples {args.samples} "
+        f"--max-length {args.max_length}`.",
+        "",
+        "| what | tokens/s | plain HF forward / this |",
+        "|---|---|---|",
+        f"| plain HF forward (causal LM, full-vocab logits) | {hf_logits:.0f} | 1.00 |",
+        f"| HF backbone forward (no lm_head) | {hf_backbone:.0f} | {hf_logits / hf_backbone:.2f} |",
+    ]
+    for family, store, s in rows:
+        lines.append(f"| `draftsmith extract`, {family}, {store} | {s['tok_per_s']:.0f} | {hf_logits / s['tok_per_s']:.2f} |")
+    lines += ["", "| head family | stored per token | dtype | disk bytes/token | shards, bytes |", "|---|---|---|---|---|"]
+    for family, store, s in rows:
+        what = "aux [3·H] + last [H] + id + mask" if family == "eagle3" else "last [H] + id + mask"
+        lines.append(f"| {family} | {what} | {store} | {s['bytes_per_token']:.0f} | {s['bytes']} |")
+    lines += ["", f"Peak RSS of the whole bench process: {peak_mb:.0f} MB."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

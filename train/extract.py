@@ -57,8 +57,11 @@ def build_run_data(cfg, device, stats_dir: Path | None, log=print):
 
     target, target_path = build_target(cfg.target, device)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    out = stats_dir or Path(tempfile.mkdtemp(prefix="draftsmith-extract-"))
-    data, vocab = build_data_and_vocab(cfg, tokenizer, out, log=log)
+    if stats_dir is not None:  # data_stats.json and heldout_prompts.jsonl beside the shards
+        data, vocab = build_data_and_vocab(cfg, tokenizer, stats_dir, log=log)
+    else:
+        with tempfile.TemporaryDirectory(prefix="draftsmith-extract-") as tmp:
+            data, vocab = build_data_and_vocab(cfg, tokenizer, Path(tmp), log=log)
     if cfg.head.family == "mlp_speculator" and cfg.head.stage == 2:  # the target's own continuations
         from draftsmith.train.data.continuations import build_stage2_data
 

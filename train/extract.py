@@ -132,8 +132,12 @@ def check_compatible(existing: dict, header: dict, root: Path) -> None:
                          + "\n  ".join(diffs))
 
 
-def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log=print) -> dict:
-    """Extract (or finish extracting) the features of `cfg`'s training samples into `out`; returns a summary."""
+def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log=print, inputs=None) -> dict:
+    """Extract (or finish extracting) the features of `cfg`'s training samples into `out`; returns a summary.
+
+    Args:
+        inputs: (target, tokenizer, data, vocab) already built for `cfg` (bench/extract.py reuses one load).
+    """
     from accelerate import Accelerator
 
     state = Accelerator()  # reads the launcher's env (torchrun + ACCELERATE_USE_CPU=1 gives gloo processes on CPU)
@@ -145,8 +149,8 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
     if main:
         root.mkdir(parents=True, exist_ok=True)
     with state.main_process_first():  # rank 0 renders/caches the data, the others then read the cache
-        target, tokenizer, data, vocab = build_run_data(cfg, device, root if main else None,
-                                                        log=log if main else (lambda *a: None))
+        target, tokenizer, data, vocab = inputs or build_run_data(cfg, device, root if main else None,
+                                                                  log=log if main else (lambda *a: None))
     target.to(device)
     store_dtype = next(target.model.parameters()).dtype if dtype == "auto" else DTYPES[dtype]
     header = header_for(cfg, target, tokenizer, data, vocab, store_dtype)
@@ -182,7 +186,7 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
     todo_tokens = sum(len(samples[i].input_ids) for i in todo)
     bar = tqdm(total=todo_tokens, desc=f"extract (rank {rank}/{world})" if world > 1 else "extract", unit="tok",
                unit_scale=True, disable=not main, dynamic_ncols=True)
-    used, new_tokens, new_samples, start, pos = 0, 0, 0, time.time(), 0
+    used, new_tokens, new_samples, start, cpu0, pos = 0, 0, 0, time.time(), time.process_time(), 0
     max_tokens, max_batch = cfg.data.max_tokens_per_batch, cfg.data.max_batch_size
     while pos < len(todo):
         chunk, tokens = [], 0
@@ -226,7 +230,7 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
         seq, new_tokens, new_samples = seq + 1, new_tokens + tokens, new_samples + len(rows)
         bar.update(tokens)
     bar.close()
-    elapsed = time.time() - start
+    elapsed, cpu_s = time.time() - start, time.process_time() - cpu0
     atomic_write_json(part_path(root, rank), part)
     if world > 1:
         log(f"rank {rank}: {new_samples} samples, {new_tokens} tokens in {elapsed:.1f} s "
@@ -243,6 +247,7 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
         dist.all_reduce(totals)
         totals = totals.cpu()
     summary = {"dir": str(root), "new_tokens": int(totals[0]), "new_samples": int(totals[1]), "seconds": round(elapsed, 2),
+               "cpu_seconds": round(cpu_s, 2),  # this process's CPU time: a rate that other jobs on the cores do not skew
                "tok_per_s": round(int(totals[0]) / max(elapsed, 1e-9), 1), "processes": world,
                "covered_samples": final["covered_samples"], "num_samples": final["fingerprint"]["data"]["num_samples"],
                "covered_tokens": final["covered_tokens"], "bytes": final["bytes"],

@@ -33,7 +33,7 @@ def overrides(tiny_target_dir, data_file, out_dir, *extra) -> list[str]:
     """The tiny run of tests/test_train.py, in fp32 (no autocast) so every mode can be compared number for number."""
     return ["conf=eagle3_smollm2", f"target.name_or_path={tiny_target_dir}", "target.hidden_size=128",
             "target.num_hidden_layers=6", "target.vocab_size=49152", "target.aux_layer_ids=[1,3,4]",
-            "target.dtype=float32", "mixed_precision=no", f"data.path={data_file}", "data.num_conversations=32",
+            "target.dtype=float32", "mixed_precision=no", "data.features=online", f"data.path={data_file}", "data.num_conversations=32",
             "data.heldout=4", "data.max_length=96", "data.max_tokens_per_batch=512", "data.max_batch_size=4",
             "head.draft_vocab_size=512", "optim.max_steps=12", "optim.warmup_steps=2", "optim.max_minutes=null",
             "log_every=1", "eval_every=0", "save_every=0", "eval_batches=1", "wandb.mode=disabled",

@@ -54,18 +54,26 @@ def test_kill9_then_resume_is_bit_exact(tiny_target_dir, data_file, tmp_path):
     p = subprocess.run(args(tiny_target_dir, data_file, full), capture_output=True, text=True, timeout=600, env=ENV)
     assert p.returncode == 0, p.stderr[-3000:]
 
-    killed = tmp_path / "killed"
     kill_at = random.Random(5).randint(4, STEPS - 8)  # a step after the first checkpoint (step 3), before the end
-    proc = subprocess.Popen(args(tiny_target_dir, data_file, killed), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=ENV)
-    metrics = killed / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_at:
-            proc.send_signal(signal.SIGKILL)
+    for attempt in range(3):  # on a starved machine the poller can miss the window: try again, killing earlier
+        killed = tmp_path / f"killed{attempt}"
+        proc = subprocess.Popen(args(tiny_target_dir, data_file, killed), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=ENV)
+        metrics = killed / "metrics.jsonl"
+        deadline = time.time() + 1800  # generous: on a shared 2-core machine a niced run can be starved for minutes
+        try:
+            while time.time() < deadline and proc.poll() is None:
+                if metrics.exists() and len(metrics.read_text().splitlines()) >= kill_at:
+                    proc.send_signal(signal.SIGKILL)
+                    break
+                time.sleep(0.005)
+        finally:
+            if proc.poll() is None:
+                proc.kill()  # never leave the child behind (a second SIGKILL is harmless)
+            proc.wait()
+        if proc.returncode == -signal.SIGKILL:
             break
-        time.sleep(0.005)
-    proc.wait(timeout=60)
+        kill_at = 4
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     last = max(losses(killed))
     assert last < STEPS
@@ -73,7 +81,7 @@ def test_kill9_then_resume_is_bit_exact(tiny_target_dir, data_file, tmp_path):
     assert 3 <= saved <= last
 
     p = subprocess.run(args(tiny_target_dir, data_file, killed, "resume=auto"), capture_output=True, text=True,
-                       timeout=600, env=ENV)
+                       timeout=1800, env=ENV)
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"resumed from {killed / 'checkpoints' / f'step_{saved:08d}'}" in p.stdout
     ref, got = losses(full), losses(killed)

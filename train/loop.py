@@ -151,6 +151,11 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         step, epoch, cursor, tokens = state["step"], state["epoch"], state["cursor"], state["tokens"]
         prior_s = state.get("elapsed_s", 0.0)  # training time before the resume counts against max_minutes
         set_rng_state(state["rng"])
+        log_file = run_dir / "metrics.jsonl"
+        if accelerator.is_main_process and log_file.exists():  # a kill mid-write leaves a torn last line: drop it
+            text = log_file.read_bytes()
+            if text and not text.endswith(b"\n"):
+                log_file.write_bytes(text[: text.rfind(b"\n") + 1])
         print0(accelerator, f"resumed from {ckpt} at step {step} (epoch {epoch}, batch {cursor})")
 
     def save(metrics: dict) -> None:

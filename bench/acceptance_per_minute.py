@@ -60,8 +60,8 @@ def overrides(spec: str, regen: str | None) -> list[str]:
     unknown = [p for p in parts if p not in LEVERS]
     if unknown:
         raise SystemExit(f"unknown levers {unknown}; known: {', '.join(LEVERS)}")
-    if "preset" in parts:
-        out = []
+    if "preset" in parts:  # the preset as shipped; with --regen-data its regen:sharegpt data is that file
+        out = ["data.path=" + regen, "data.num_conversations=null"] if regen else []
     else:
         out = list(BASELINE)
     for p in parts:

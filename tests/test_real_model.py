@@ -15,13 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN_MINUTES = float(os.environ.get("DRAFTSMITH_TEST_TRAIN_MINUTES", "5"))
 
 
-def test_trained_head_beats_untrained_init_in_vllm(smollm2_dir, tmp_path):
-    from draftsmith.eval.acceptance import run_acceptance
-    from draftsmith.export.vllm import export_eagle3
-    from draftsmith.train.checkpoint import load_head
-    from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
-
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def trained_run(smollm2_dir, tmp_path_factory):
+    """One short training run of the preset on SmolLM2, shared by the tests of this module."""
+    run = tmp_path_factory.mktemp("real") / "run"
     cmd = [sys.executable, str(ROOT / "train" / "run.py"), "conf=eagle3_smollm2", f"output_dir={run}",
            # the preset's data path at a test's size: 200 first turns re-answered by the target (vLLM, cached)
            "data.num_conversations=200", "data.regen_max_tokens=128", "data.heldout=16",
@@ -29,7 +26,16 @@ def test_trained_head_beats_untrained_init_in_vllm(smollm2_dir, tmp_path):
            "optim.max_steps=400", "eval_every=0", "save_every=0", "wandb.mode=disabled"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=int(TRAIN_MINUTES * 60) + 600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return run
 
+
+def test_trained_head_beats_untrained_init_in_vllm(smollm2_dir, trained_run, tmp_path):
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.export.vllm import export_eagle3
+    from draftsmith.train.checkpoint import load_head
+    from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
+
+    run = trained_run
     meta, state = load_head(run)
     cfg = Eagle3Config(**meta["config"])
     trained = export_eagle3(state, cfg, tmp_path / "trained", verifier=str(smollm2_dir), k=3)
@@ -48,3 +54,30 @@ def test_trained_head_beats_untrained_init_in_vllm(smollm2_dir, tmp_path):
     assert t["status"] == u["status"] == "ok"
     assert t["mean_acceptance_length"] >= u["mean_acceptance_length"] + 0.1, (t, u)
     assert t["per_position_acceptance"][0] > u["per_position_acceptance"][0] + 0.05
+
+
+def test_matrix_on_smollm2_calibrates_reference_against_vllm(smollm2_dir, trained_run, tmp_path):
+    """The acceptance matrix on the real target with a small prompt budget: the trained head and ngram on
+    held-out chat and HumanEval, served in vLLM and decoded by the reference decoder. Both are greedy and
+    deterministic drafters, so the two decoders must agree within the calibration tolerance, and speculation
+    must leave every greedy output unchanged."""
+    from draftsmith.eval.matrix import run_matrix
+
+    out = tmp_path / "matrix"
+    r = run_matrix(str(smollm2_dir), [f"chat={trained_run / 'heldout_prompts.jsonl'}", "code"], ["none", "ngram"],
+                   {"trained": str(trained_run)}, ks=[2], temperatures=[0.0], max_tokens=32, num_prompts=4,
+                   out_dir=str(out))
+    cells = r["cells"]
+    assert all(c["status"] == "ok" for c in cells), [c for c in cells if c["status"] != "ok"]
+    assert {(c["source"], c["method"]) for c in cells} >= {(s, m) for s in ("served", "reference")
+                                                           for m in ("ngram", "trained")}
+    for c in cells:
+        if c["method"] != "none":
+            assert c["match_vs_none"] == 1.0, c
+    cal = [row for row in r["calibration"] if row["method"] in ("ngram", "trained")]
+    print(json.dumps(cal, indent=1))
+    assert len(cal) == 4 and all(row["within_tolerance"] for row in cal), cal
+    head_cells = [c for c in cells if c["method"] == "trained" and c["source"] == "served"]
+    assert all(c["mean_acceptance_length"] > 1.0 for c in head_cells), head_cells  # the trained head is accepted
+    report = (out / "report.md").read_text()
+    assert "## Calibration" in report and "trained" in report

@@ -140,3 +140,20 @@ def test_supervise_all_trains_on_prompt_rows_too(tiny_target_dir, data_file, tmp
 def test_supervise_rejects_unknown_values(tiny_target_dir, data_file, tmp_path):
     with pytest.raises(AssertionError, match=r"data.supervise='everything': expected assistant \| all"):
         run_train(tiny_target_dir, data_file, tmp_path / "x", "data.supervise=everything")
+
+
+def test_auto_precision_follows_the_timed_probe(monkeypatch):
+    """mixed_precision=auto takes bf16 on a CPU only where the probe measured it >= 1.2x faster than fp32."""
+    import torch
+
+    from draftsmith.train import build
+
+    flags = open("/proc/cpuinfo").read()
+    if " avx512_bf16" not in flags and " amx_bf16" not in flags:
+        assert not build.fast_bf16(torch.device("cpu"))  # no native bf16: never, whatever a probe would say
+        return
+    for speedup, want in ((2.0, True), (1.19, False), (0.4, False)):
+        monkeypatch.setattr(build, "_cpu_bf16_speedup", lambda s=speedup: s)
+        assert build.fast_bf16(torch.device("cpu")) is want, speedup
+        assert build.target_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if want else torch.float32)
+    assert build.target_dtype("float32", torch.device("cpu")) == torch.float32

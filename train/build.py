@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -17,15 +19,37 @@ from draftsmith.train.target import Target
 
 
 def fast_bf16(device: torch.device) -> bool:
-    """bf16 where the hardware runs it natively: Ampere+ GPUs, CPUs with AVX512-BF16 or AMX."""
+    """bf16 where it is faster here: Ampere+ GPUs; on CPUs with AVX512-BF16 or AMX, only when a timed probe says so.
+
+    CPU flags alone mislead: on a 2-core AVX512-BF16 EPYC the bf16 head step ran 2-3x faster than fp32, on a
+    2-core AVX512-BF16 Xeon without AMX it ran 1.5x slower (bench/train_step.py). So `auto` times one matmul of a
+    head-layer shape in both dtypes (~0.1 s, once per process) and takes bf16 only at >= 1.2x.
+    """
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     try:
         flags = open("/proc/cpuinfo").read()
     except OSError:
         return False
-    # measured on a 2-core AVX512-BF16 EPYC: bf16 target forward 2.5x, head step 2-3x faster than fp32
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+    if " avx512_bf16" not in flags and " amx_bf16" not in flags:
+        return False
+    return _cpu_bf16_speedup() >= 1.2
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_bf16_speedup() -> float:
+    """fp32 time / bf16 time of a [512, 1152] x [1152, 1536] matmul (a draft layer's MLP), best of 5 each."""
+    def best(dtype) -> float:
+        a, w = torch.randn(512, 1152, dtype=dtype), torch.randn(1152, 1536, dtype=dtype)
+        a @ w  # warm-up: oneDNN picks and caches its kernel
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            a @ w
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return best(torch.float32) / best(torch.bfloat16)
 
 
 def target_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -1,0 +1,111 @@
+"""Head training throughput: one optimizer step (forward, backward, clip, AdamW) per head family, precision and
+thread count, on SmolLM2-135M-Instruct's shapes, with the target's features precomputed (what every epoch after
+the first costs with data.features=memory|offline).
+
+    python bench/train_step.py                       # eagle3 + mlp_speculator, fp32 vs bf16 autocast, 1 and 2 threads
+    python bench/train_step.py --tokens 1024 --repeats 5 --families eagle3 --threads 1
+
+All settings are timed in one process, interleaved round by round (A B A B ...), so a neighbour's load hits
+each alike; the table reports the median step and its ratio to the first setting. Not a test: the figures
+depend on the machine (and print its CPU flags that matter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import AutoConfig
+
+from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+from draftsmith.train.objective import per_head_loss
+from draftsmith.train.ttt.unroll import ttt_unroll
+
+
+def cpu_flags() -> str:
+    try:
+        flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
+    except (OSError, IndexError):
+        return "?"
+    return " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16") if f in flags) or "none"
+
+
+def make_step(family: str, tc, tokens: int, vocab: int, ttt: int):
+    """A closure running one full training step on random features shaped like the target's."""
+    torch.manual_seed(0)
+    B, T = max(1, tokens // 512), min(tokens, 512)  # packed like data.max_tokens_per_batch, 512-token samples
+    ids = torch.randint(0, tc.vocab_size, (B, T))
+    mask = torch.ones(B, T, dtype=torch.long)
+    if family == "eagle3":
+        cfg = Eagle3Config.from_target(tc, vocab, [2, tc.num_hidden_layers // 2, tc.num_hidden_layers - 3], ttt_steps=ttt)
+        head = Eagle3Head(cfg)
+        head.set_vocab(torch.zeros(vocab, dtype=torch.long), torch.arange(tc.vocab_size) < vocab)
+        aux = torch.randn(B, T, 3 * tc.hidden_size, dtype=torch.bfloat16)  # a bf16 target's states, as stored
+        logits = torch.randn(B, T, vocab)  # the target's logits over the draft vocab
+
+        def loss():
+            return ttt_unroll(head, aux, logits, ids, mask, ttt, 0.8).loss
+    else:
+        head = MLPSpeculator(MLPSpeculatorConfig(emb_dim=tc.hidden_size, vocab_size=tc.vocab_size, n_predict=ttt))
+        last = torch.randn(B, T, tc.hidden_size, dtype=torch.bfloat16)
+
+        def loss():
+            return per_head_loss(head, last.float(), ids, mask, [0.8**i for i in range(ttt)]).loss
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+
+    def step(precision: str) -> None:
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else torch.autocast("cpu", enabled=False)
+        with ctx:
+            value = loss()
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step, B * T
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="smollm2", help="a target name or HF dir whose config gives the shapes")
+    ap.add_argument("--families", default="eagle3,mlp_speculator")
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens per step (the preset's data.max_tokens_per_batch)")
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--ttt", type=int, default=3, help="TTT steps / speculator heads")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    from draftsmith.train.build import resolve_target
+
+    tc = AutoConfig.from_pretrained(resolve_target(args.target))
+    settings = [(f, p, int(t)) for f in args.families.split(",") for t in args.threads.split(",")
+                for p in args.precisions.split(",")]
+    steps = {f: make_step(f, tc, args.tokens, args.draft_vocab, args.ttt) for f in args.families.split(",")}
+    times: dict = {s: [] for s in settings}
+    for r in range(args.repeats + 1):  # round 0 warms up (allocator, oneDNN kernels) and is dropped
+        for s in settings:
+            family, precision, threads = s
+            torch.set_num_threads(threads)
+            t0 = time.perf_counter()
+            steps[family][0](precision)
+            if r:
+                times[s].append(time.perf_counter() - t0)
+    print(f"CPU flags: {cpu_flags()}; {args.tokens} tokens/step, draft vocab {args.draft_vocab}, TTT/heads {args.ttt}, "
+          f"median of {args.repeats} interleaved rounds")
+    print("| family | precision | threads | s/step | tok/s | vs first of family |")
+    print("|---|---|---|---|---|---|")
+    first = {}
+    for s in settings:
+        family, precision, threads = s
+        med = statistics.median(times[s])
+        first.setdefault(family, med)
+        print(f"| {family} | {precision} | {threads} | {med:.3f} | {steps[family][1] / med:.0f} | {first[family] / med:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

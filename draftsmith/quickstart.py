@@ -1,8 +1,8 @@
 """`draftsmith quickstart`: the README's main job on the embedded default, end to end.
 
     prepare target (SmolLM2-135M-Instruct GGUF -> HF dir) -> the target re-answers 1,000 ShareGPT first turns
-    (once, cached) -> render them with its chat template -> train an EAGLE-3 head with TTT on 500k supervised
-    tokens (train/run.py conf=eagle3_smollm2) -> export for vLLM ->
+    (once, cached) -> render them with its chat template -> train an EAGLE-3 head with TTT for 60 minutes
+    (train/run.py conf=eagle3_smollm2) -> export for vLLM ->
     served acceptance in real vLLM (trained head vs ngram, suffix, no speculation) on held-out prompts.
 
 Each stage is the same command a user runs by hand; the stage wall times and the table land in
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="outputs/quickstart", help="run directory (default: outputs/quickstart)")
     p.add_argument("--minutes", type=float, default=None,
-                   help="wall-clock cap on training in minutes (default: the preset's 500k-token budget, ~34 min here)")
+                   help="wall-clock cap on training in minutes (default: the preset's 60; the lr schedule ends with it)")
     p.add_argument("--num-prompts", type=int, default=32, help="held-out prompts served per method (default 32)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--k", type=int, default=3, help="speculative tokens per step (default 3)")

@@ -21,7 +21,7 @@ class TargetConfig:
     # vLLM convention: id k = residual stream entering decoder layer k = HF output_hidden_states[k].
     # None means (2, n//2, n-3).
     aux_layer_ids: Optional[list[int]] = None
-    dtype: str = "auto"  # auto = bf16 where the accelerator supports it, fp32 on CPU
+    dtype: str = "auto"  # auto = bf16 where it is faster (GPUs with bf16; CPUs where a timed probe says so), else fp32
     # HF config fields beyond the three above (model_type, intermediate_size, heads, ...): lets the dry run build
     # the target on the meta device where no config.json is on disk. Training reads the real config.
     arch: Optional[dict[str, Any]] = None

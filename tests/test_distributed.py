@@ -66,8 +66,10 @@ def test_two_processes_equal_one_process_with_two_micro_batches(tiny_target_dir,
     assert len(a) == len(b) == 6
     assert [t for _, t in a] == [t for _, t in b]  # the same global batches, token for token
     assert a[-1][0] < a[0][0]  # it trained
-    for (la, _), (lb, _) in zip(a, b):
-        assert abs(la - lb) <= 1e-6 * abs(la), (a, b)
+    worst = max(abs(la - lb) / abs(la) for (la, _), (lb, _) in zip(a, b))
+    print(f"\n1 process x 2 micro-batches: {[round(la, 6) for la, _ in a]}\n2 processes x 1 micro-batch: "
+          f"{[round(lb, 6) for lb, _ in b]}\nlargest relative loss difference {worst:.2e}")
+    assert worst <= 1e-6, (a, b)
     wa = load_file(one / "checkpoints" / "step_00000006" / "head.safetensors")
     wb = load_file(two / "checkpoints" / "step_00000006" / "head.safetensors")
     assert wa.keys() == wb.keys()

@@ -86,6 +86,8 @@ def test_kill9_then_resume_is_bit_exact(tiny_target_dir, data_file, tmp_path):
     assert f"resumed from {killed / 'checkpoints' / f'step_{saved:08d}'}" in p.stdout
     ref, got = losses(full), losses(killed)
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+    print(f"\nSIGKILL after step {last}, resumed from step {saved}; losses per step (uninterrupted | killed+resumed): "
+          + ", ".join(f"{s}: {ref[s][0]:.6f} | {got[s]}" for s in sorted(ref)))
     for step, values in got.items():  # steps run before the kill, re-run after it, and new ones: all identical
         assert all(v == ref[step][0] for v in values), (step, values, ref[step])
     assert any(len(v) == 2 for v in got.values()) or saved == last  # some steps were re-run after the kill

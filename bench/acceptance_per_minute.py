@@ -156,10 +156,11 @@ def vocab_coverage(regen: str, sizes=(2048, 4096, 8192, 16384)) -> list[dict]:
 def curve_points(run_dir: Path, every_min: float) -> list[tuple[float, Path, float | None]]:
     """(minutes, checkpoint, simulated τ) of the checkpoints kept, one per `every_min` minutes at most."""
     points, last = [], -1e9
-    for ck in sorted((run_dir / "checkpoints").glob("step_*")):
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    for ck in checkpoints:
         meta = json.loads((ck / "head.json").read_text())
         m = meta["metrics"].get("elapsed_s", 0) / 60
-        if m - last >= every_min:
+        if m - last >= every_min or ck == checkpoints[-1]:  # the final head always ends the curve
             points.append((m, ck, meta["metrics"].get("eval/sim_accept_len")))
             last = m
     return points
@@ -260,7 +261,7 @@ def main() -> int:
             if rows[b].get("mean_acceptance_length"):
                 ax.axhline(rows[b]["mean_acceptance_length"], ls=style, color="gray", label=f"{b} τ")
                 ax.axhline(rows[b]["tokens_per_target_step"], ls=style, color="k", label=f"{b} tokens/step")
-        ax.set_xlabel("training minutes (2 CPU cores)")
+        ax.set_xlabel("training minutes")
         ax.set_ylabel(f"mean acceptance length τ (k={args.k})")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)

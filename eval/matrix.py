@@ -135,8 +135,7 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
                 tgt = Target(model, aux or [0])  # aux states feed EAGLE-3 only; [0] is a cheap placeholder
                 drafters[name] = (load_head_drafter(name, heads[name], tgt)[0], tgt)
             else:
-                drafters[name] = (load_drafter(name, ngram_min=engine.get("ngram_min", 2),
-                                               ngram_max=engine.get("ngram_max", 5)), Target(model, [0]))
+                drafters[name] = (None, Target(model, [0]))  # built per cell, below
         for wname, w in wl.items():
             for temp in temperatures:
                 none_out, none_speed = None, None
@@ -145,6 +144,11 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
                         if name == "none" and k != ks[0]:
                             continue
                         drafter, tgt = drafters[name]
+                        if drafter is None:
+                            # a fresh baseline per cell: suffix decoding indexes earlier outputs, and a served cell is
+                            # a fresh engine, so outputs of another cell (the same prompts at another k) must not leak in
+                            drafter = load_drafter(name, ngram_min=engine.get("ngram_min", 2),
+                                                   ngram_max=engine.get("ngram_max", 5))
                         t0 = time.perf_counter()
                         outs, s = decode_prompts(tgt, drafter, w["prompt_ids"], k=k, max_tokens=max_tokens,
                                                  temperature=temp, seed=seed, stop_ids=stop_ids)

@@ -92,8 +92,14 @@ def _prepare_heads(heads: dict[str, str], target: str, out: Path, log) -> tuple[
 
 def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dict[str, str], ks: list[int],
                temperatures: list[float], max_tokens: int, num_prompts: int | None, out_dir: str, seed: int = 0,
-               served: bool = True, reference: bool = True, chat_file: str | None = None, **engine) -> dict:
-    """Run the whole matrix; write matrix.json, report.md and plots under out_dir."""
+               served: bool = True, reference: bool = True, chat_file: str | None = None, reuse_served: bool = False,
+               **engine) -> dict:
+    """Run the whole matrix; write matrix.json, report.md and plots under out_dir.
+
+    reuse_served: a served cell already under out_dir is read back instead of re-run when it was made with
+    the same target, prompts, k, length, temperature and seed and holds every method asked for, heads
+    served from the same directories (see `_reusable`): re-analysing after a change on the reference side
+    then costs no vLLM time."""
     import torch
     from transformers import AutoTokenizer
 
@@ -171,8 +177,15 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
                 for k in ks:
                     run_methods = [m for m in methods if m != "none" or k == ks[0]]
                     cell_dir = out / "served" / wname / f"T{temp:g}" / f"k{k}"
-                    r = run_acceptance(target, w["file"], run_methods, served_heads, k=k, max_tokens=max_tokens,
-                                       num_prompts=None, out_dir=str(cell_dir), temperature=temp, seed=seed, **engine)
+                    want = {"target": target, "prompts_file": w["file"], "num_prompts": w["num_prompts"], "k": k,
+                            "max_tokens": max_tokens, "temperature": temp, "seed": seed}
+                    r = _reusable(cell_dir, want, run_methods, served_heads) if reuse_served else None
+                    if r is not None:
+                        log(f"served {wname} T={temp:g} k={k}: reused {cell_dir / 'acceptance.json'}")
+                    else:
+                        r = run_acceptance(target, w["file"], run_methods, served_heads, k=k, max_tokens=max_tokens,
+                                           num_prompts=None, out_dir=str(cell_dir), temperature=temp, seed=seed,
+                                           **engine)
                     none_row = r["methods"].get("none", none_row)
                     for name, row in r["methods"].items():
                         cell = {"source": "served", "workload": wname, "temperature": temp, "k": k, "method": name,
@@ -199,6 +212,24 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
     (out / "report.md").write_text(write_report(result))
     (out / "matrix.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _reusable(cell_dir: Path, want: dict, methods: list[str], heads: dict[str, str]) -> dict | None:
+    """The served cell's acceptance.json if it answers exactly this request, else None."""
+    f = cell_dir / "acceptance.json"
+    if not f.is_file():
+        return None
+    r = json.loads(f.read_text())
+    if any(r.get(key) != value for key, value in want.items()):
+        return None
+    rows = r.get("methods", {})
+    for name in [*methods, *heads]:
+        row = rows.get(name)
+        if row is None or row.get("status") != "ok":
+            return None
+        if name in heads and (row.get("speculative_config") or {}).get("model") != str(Path(heads[name]).resolve()):
+            return None
+    return r
 
 
 def _f(x, spec=".2f"):
@@ -324,13 +355,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-reference", action="store_true", help="skip the in-process reference decoder")
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS per vLLM engine")
     p.add_argument("--timeout", type=float, default=None, help="seconds per served method before it is killed")
+    p.add_argument("--reuse-served", action="store_true",
+                   help="read back served cells already under --out that match this request (same target, prompts, "
+                        "k, length, temperature, seed, methods and head dirs) instead of re-running vLLM")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     try:
         result = run_matrix(args.target, [w for w in args.workloads.split(",") if w], args.methods, dict(args.head),
                             args.ks, [float(t) for t in args.temperatures.split(",")], args.max_tokens,
                             args.num_prompts, args.out, seed=args.seed, served=not args.no_served,
-                            reference=not args.no_reference, chat_file=args.prompts,
+                            reference=not args.no_reference, chat_file=args.prompts, reuse_served=args.reuse_served,
                             ngram_min=ENGINE_DEFAULTS["ngram_min"], ngram_max=ENGINE_DEFAULTS["ngram_max"],
                             threads=args.threads, timeout_s=args.timeout)
     except (PromptFileError, FileNotFoundError, ValueError) as e:

@@ -97,6 +97,39 @@ def test_regenerate_with_hf_resumes_without_duplicates(tiny_target_dir, tmp_path
         regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=7, backend="hf")
 
 
+def test_regen_pool_grows_with_num_conversations(tiny_target_dir, tmp_path, monkeypatch):
+    """Raising data.num_conversations re-answers only the new first turns; each size reads its own view, so a
+    smaller size's data (and held-out split) is byte-identical however many larger sizes were made since."""
+    from omegaconf import OmegaConf
+
+    import draftsmith.train.data.regenerate as regen_mod
+    from draftsmith.train.build import regenerated_path
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(regen_mod, "resolve_backend", lambda backend: "hf")  # the HF target: fast, no engine
+    calls = []
+    real = regen_mod.regenerate
+    monkeypatch.setattr(regen_mod, "regenerate", lambda *a, **kw: calls.append(real(*a, **kw)) or calls[-1])
+    src = tmp_path / "src.jsonl"
+    _write_source(src, 7)
+
+    def view(n):
+        cfg = OmegaConf.create({"path": f"regen:{src}", "num_conversations": n, "regen_max_tokens": 5,
+                                "regen_temperature": 0.0, "seed": 0})
+        return regenerated_path(cfg, str(tiny_target_dir))
+
+    small = view(3)
+    small_bytes = open(small, "rb").read()
+    assert [json.loads(x)["id"] for x in small_bytes.splitlines()] == ["q0", "q1", "q2"]
+    big = view(6)
+    assert [c["generated"] for c in calls] == [3, 3] and calls[1]["resumed_with"] == 3  # only q3..q5 were new
+    assert [json.loads(x)["id"] for x in open(big).read().splitlines()] == [f"q{i}" for i in range(6)]
+    assert open(big).read().startswith(small_bytes.decode())  # the same answers, not re-generated ones
+    assert view(3) == small and open(small, "rb").read() == small_bytes and len(calls) == 2  # cached: no call
+    everything = view(None)
+    assert calls[-1]["generated"] == 1 and len(open(everything).read().splitlines()) == 7
+
+
 @pytest.mark.slow
 def test_regenerate_with_vllm_equals_hf_greedy(tiny_target_dir, tmp_path):
     """Both backends give the target's greedy answer: the same token ids on a tiny fp32 target."""
@@ -121,8 +154,8 @@ def test_regen_data_path_generates_once_and_trains(tiny_target_dir, data_file, t
     args = (f"data.path=regen:{data_file}", "data.regen_max_tokens=12", "optim.max_steps=2", "eval_every=0")
     first = run_train(tiny_target_dir, data_file, tmp_path / "a", *args)
     assert "regenerate: 32 first turns" in first.stdout
-    made = list((tmp_path / "cache" / "regen").glob("*.jsonl"))
-    assert len(made) == 1 and len(made[0].read_text().splitlines()) == 32
+    made = sorted((tmp_path / "cache" / "regen").glob("*.jsonl"))  # the answer pool and this size's view of it
+    assert len(made) == 2 and [len(f.read_text().splitlines()) for f in made] == [32, 32]
     answers = [json.loads(x)["messages"][-1]["content"] for x in made[0].read_text().splitlines()]
     assert not any("remarkable" in a for a in answers)  # the source's answers were replaced
     second = run_train(tiny_target_dir, data_file, tmp_path / "b", *args)

@@ -132,6 +132,53 @@ def test_matrix_served_and_reference_on_tiny_target(tiny_target_dir, tmp_path):
     assert "## Calibration" in (out / "report.md").read_text()
 
 
+def test_reference_cells_do_not_share_drafter_state(tiny_target_dir, tmp_path):
+    """Each reference cell starts a fresh baseline drafter, as each served cell starts a fresh engine: suffix
+    decoding indexes the outputs it has seen, so a drafter kept from the k=1 cell would know the k=3 cell's
+    answers (the same prompts) in advance. The k=3 cell must equal a standalone k=3 decode."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.eval.prompts import render_prompts
+    from draftsmith.eval.reference_decoder import SuffixDrafter, decode_prompts
+    from draftsmith.train.target import Target
+
+    f = tmp_path / "rep.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in REPETITIVE))
+    r = run_matrix(str(tiny_target_dir), [f"rep={f}"], ["none", "suffix"], {}, ks=[1, 3], temperatures=[0.0],
+                   max_tokens=24, num_prompts=2, out_dir=str(tmp_path / "m"), served=False)
+    got = {c["k"]: c for c in r["cells"] if c["method"] == "suffix"}
+    tok = AutoTokenizer.from_pretrained(tiny_target_dir)
+    prompts = render_prompts(tok, [{"messages": [{"role": "user", "content": x["prompt"]}]} for x in REPETITIVE])
+    tgt = Target.from_pretrained(str(tiny_target_dir), aux_layer_ids=[0])
+    stop = tuple(r["stop_ids"])
+    _, alone = decode_prompts(tgt, SuffixDrafter(), prompts, k=3, max_tokens=24, stop_ids=stop)
+    _, warm = decode_prompts(tgt, SuffixDrafter(), prompts * 2, k=3, max_tokens=24, stop_ids=stop)
+    print(f"suffix k=3: matrix cell tau {got[3]['mean_acceptance_length']:.3f}, standalone "
+          f"{alone['mean_acceptance_length']:.3f}, with the answers seen before {warm['mean_acceptance_length']:.3f}")
+    assert got[3]["mean_acceptance_length"] == pytest.approx(alone["mean_acceptance_length"])
+    assert got[3]["per_position_acceptance"] == pytest.approx(alone["per_position_acceptance"])
+    # the test can tell: a drafter that has seen the answers accepts more
+    assert warm["mean_acceptance_length"] > alone["mean_acceptance_length"] + 0.1
+
+
+def test_reusable_served_cell(tmp_path):
+    from draftsmith.eval.matrix import _reusable
+
+    head = tmp_path / "heads" / "h"
+    want = {"target": "t", "prompts_file": "w.jsonl", "num_prompts": 2, "k": 3, "max_tokens": 8, "temperature": 0.0,
+            "seed": 0}
+    rows = {"ngram": {"status": "ok"}, "h": {"status": "ok", "speculative_config": {"model": str(head.resolve())}}}
+    (tmp_path / "acceptance.json").write_text(json.dumps({**want, "methods": rows}))
+    assert _reusable(tmp_path, want, ["ngram"], {"h": str(head)})["k"] == 3
+    assert _reusable(tmp_path / "nowhere", want, ["ngram"], {}) is None
+    assert _reusable(tmp_path, {**want, "k": 4}, ["ngram"], {}) is None  # another k
+    assert _reusable(tmp_path, want, ["ngram", "suffix"], {}) is None  # a method it did not run
+    assert _reusable(tmp_path, want, ["ngram"], {"h": str(tmp_path / "other")}) is None  # another head dir
+    rows["ngram"]["status"] = "failed"
+    (tmp_path / "acceptance.json").write_text(json.dumps({**want, "methods": rows}))
+    assert _reusable(tmp_path, want, ["ngram"], {}) is None  # a failed method is run again
+
+
 def test_vllm_fix_expand_batch_to_tokens():
     import torch
 

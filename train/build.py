@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -131,20 +132,35 @@ def warm_start(head: Eagle3Head, target: Target) -> None:
 
 def regenerated_path(data_cfg, target_path: str) -> str:
     """For data.path=regen:SOURCE, the JSONL of SOURCE's first turns re-answered by the target (made once,
-    cached under the draftsmith cache keyed by target, source and settings; a killed run resumes it)."""
+    cached under the draftsmith cache; a killed run resumes it).
+
+    The answers live in one pool per (target, source, length cap, temperature, seed): raising
+    `num_conversations` generates only the turns not answered yet. Each size gets its own view, the pool's
+    records of SOURCE's first `num_conversations` conversations in source order, so the data (and its
+    held-out split) for a size never depends on what larger sizes were made before."""
     import hashlib
 
+    from draftsmith.train.data.conversations import read_conversations
     from draftsmith.train.data.regenerate import regenerate
 
     source = data_cfg.path[len("regen:"):]
-    key = json.dumps([str(target_path), source, data_cfg.num_conversations, data_cfg.regen_max_tokens,
-                      data_cfg.regen_temperature, data_cfg.seed])
-    out = cache_dir() / "regen" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".jsonl")
-    if not (out.parent / (out.name + ".complete")).is_file():
-        regenerate(str(target_path), source, str(out), data_cfg.num_conversations, data_cfg.regen_max_tokens,
-                   data_cfg.regen_temperature, data_cfg.seed)
-        (out.parent / (out.name + ".complete")).touch()
-    return str(out)
+    key = json.dumps([str(target_path), source, data_cfg.regen_max_tokens, data_cfg.regen_temperature,
+                      data_cfg.seed])
+    pool = cache_dir() / "regen" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".jsonl")
+    n = data_cfg.num_conversations
+    view = pool.with_name(pool.stem + (f".first{n}" if n is not None else ".all") + ".jsonl")
+    if (view.parent / (view.name + ".complete")).is_file():
+        return str(view)
+    regenerate(str(target_path), source, str(pool), n, data_cfg.regen_max_tokens, data_cfg.regen_temperature,
+               data_cfg.seed)
+    wanted = {c.id for c in read_conversations(source, n)}
+    with open(pool, "rb") as f:
+        lines = [line for line in f if json.loads(line)["id"] in wanted]
+    tmp = view.with_name(view.name + ".tmp")
+    tmp.write_bytes(b"".join(lines))
+    os.replace(tmp, view)
+    (view.parent / (view.name + ".complete")).touch()
+    return str(view)
 
 
 def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):

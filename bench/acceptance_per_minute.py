@@ -47,6 +47,8 @@ LEVERS = {
     "lr3e-3": ("peak lr 3e-3", ["optim.lr=3e-3"]),
     "prompts": ("prompt rows supervised too (the target's distribution on user turns)", ["data.supervise=all"]),
     "ttt5": ("TTT depth 5", ["head.ttt_steps=5"]),
+    "conv2000": ("twice the regenerated data: 2,000 first turns (1,830 kept)",
+                 ["data.path=regen:sharegpt", "data.num_conversations=2000", "data.heldout=128"]),
 }
 
 
@@ -71,7 +73,8 @@ def overrides(spec: str, regen: str | None) -> list[str]:
                     raise SystemExit(f"lever {p!r} needs --regen-data (make it with `draftsmith regenerate`)")
                 o = o.format(regen=regen)
             out.append(o)
-    return out
+    last = {o.split("=", 1)[0]: o for o in out}  # a later lever wins a key (Hydra refuses a key given twice)
+    return [o for o in out if last[o.split("=", 1)[0]] is o]
 
 
 def train(name: str, spec: str, args, run_dir: Path) -> None:

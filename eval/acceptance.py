@@ -286,6 +286,9 @@ def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: di
 
     reference = children.get("none", {}).get("output_token_ids") if temperature == 0 else None
     rows = {name: _summarize(name, children[name], spec[name], reference) for name in names}
+    for name in heads:  # the head served, also where the speculative config names a proposer class instead
+        if name in rows:
+            rows[name]["head_dir"] = str(Path(heads[name]).resolve())
     ref_speed = rows.get("none", {}).get("output_tokens_per_s")
     for row in rows.values():
         speed = row.get("output_tokens_per_s")

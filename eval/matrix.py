@@ -179,8 +179,10 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
                     cell_dir = out / "served" / wname / f"T{temp:g}" / f"k{k}"
                     want = {"target": target, "prompts_file": w["file"], "num_prompts": w["num_prompts"], "k": k,
                             "max_tokens": max_tokens, "temperature": temp, "seed": seed}
-                    r = _reusable(cell_dir, want, run_methods, served_heads) if reuse_served else None
-                    if r is not None:
+                    r = (_reusable(cell_dir, want, run_methods, served_heads, engine.get("ngram_min", 2),
+                                   engine.get("ngram_max", 5)) if reuse_served else None)
+                    reused = r is not None
+                    if reused:
                         log(f"served {wname} T={temp:g} k={k}: reused {cell_dir / 'acceptance.json'}")
                     else:
                         r = run_acceptance(target, w["file"], run_methods, served_heads, k=k, max_tokens=max_tokens,
@@ -192,6 +194,8 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
                                 **{key: row.get(key) for key in KEYS}, "generation_s": row.get("generation_s"),
                                 "generated_tokens": row.get("generated_tokens"),
                                 "speculative_config": row.get("speculative_config"), "dir": str(cell_dir)}
+                        if reused:
+                            cell["reused_from"] = f"{cell_dir / 'acceptance.json'} ({r.get('created')})"
                         if name != "none" and none_row and row.get("status") == "ok":
                             cell.update(_served_vs_none(row, none_row, k, temp))
                         cells.append(cell)
@@ -214,8 +218,14 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
     return result
 
 
-def _reusable(cell_dir: Path, want: dict, methods: list[str], heads: dict[str, str]) -> dict | None:
-    """The served cell's acceptance.json if it answers exactly this request, else None."""
+def _reusable(cell_dir: Path, want: dict, methods: list[str], heads: dict[str, str], ngram_min: int = 2,
+              ngram_max: int = 5) -> dict | None:
+    """The served cell's acceptance.json if it answers exactly this request, else None: the same target,
+    prompts, k, length, temperature and seed, and every method run ok with the speculative config it would
+    get now (a head also from the same directory; cells written before rows recorded `head_dir` are matched
+    on the speculative config alone, which names an MLP speculator's proposer class, not its directory)."""
+    from draftsmith.eval.acceptance import speculative_config
+
     f = cell_dir / "acceptance.json"
     if not f.is_file():
         return None
@@ -225,9 +235,11 @@ def _reusable(cell_dir: Path, want: dict, methods: list[str], heads: dict[str, s
     rows = r.get("methods", {})
     for name in [*methods, *heads]:
         row = rows.get(name)
-        if row is None or row.get("status") != "ok":
+        if row is None or row.get("status") != "ok" or not Path(row.get("outputs") or "").is_file():
+            return None  # the token ids are read back for output-match checks
+        if row.get("speculative_config") != speculative_config(name, want["k"], heads, ngram_min, ngram_max):
             return None
-        if name in heads and (row.get("speculative_config") or {}).get("model") != str(Path(heads[name]).resolve()):
+        if name in heads and row.get("head_dir", str(Path(heads[name]).resolve())) != str(Path(heads[name]).resolve()):
             return None
     return r
 

@@ -27,6 +27,11 @@ def write_report(result: dict) -> str:
                                        for n, w in result["workloads"].items()), ""]
     cells = result["cells"]
     ks = result["ks"]
+    reused = sorted({(c["workload"], c["temperature"], c["k"], c["reused_from"]) for c in cells if c.get("reused_from")})
+    if reused:
+        lines += ["Served cells read back from an earlier run (`--reuse-served`); their τ and acceptance are exact, but "
+                  "a speedup against `none` compares engines run under whatever load each run had:", ""]
+        lines += [f"* {w} T={t:g} k={k}: `{src}`" for w, t, k, src in reused] + [""]
     for source in ("served", "reference"):
         for temp in result["temperatures"]:
             sub = [c for c in cells if c["source"] == source and c["temperature"] == temp]

@@ -100,6 +100,9 @@ def test_report_and_plots(tmp_path):
     assert "| mine | code | 1.60 | 2.20 |" in md  # served τ across k
     assert "## Recommended k" in md and "## Calibration" in md
     assert "![tau_vs_k](plots/tau_vs_k.png)" in md
+    assert "read back from an earlier run" not in md
+    cells[0]["reused_from"] = "old/acceptance.json (yesterday)"  # a cell `--reuse-served` read back is named
+    assert "* code T=0 k=1: `old/acceptance.json (yesterday)`" in write_report(result)
 
 
 # ---------------------------------------------------------------- slow: a real matrix on the tiny target
@@ -165,15 +168,29 @@ def test_reusable_served_cell(tmp_path):
     from draftsmith.eval.matrix import _reusable
 
     head = tmp_path / "heads" / "h"
+    head.mkdir(parents=True)
+    (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
     want = {"target": "t", "prompts_file": "w.jsonl", "num_prompts": 2, "k": 3, "max_tokens": 8, "temperature": 0.0,
             "seed": 0}
-    rows = {"ngram": {"status": "ok"}, "h": {"status": "ok", "speculative_config": {"model": str(head.resolve())}}}
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    outputs = tmp_path / "out.json"
+    outputs.write_text("{}")
+    rows = {"ngram": {"status": "ok", "speculative_config": ngram, "outputs": str(outputs)},
+            "h": {"status": "ok", "head_dir": str(head.resolve()), "outputs": str(outputs),
+                  "speculative_config": {"method": "eagle3", "model": str(head.resolve()), "num_speculative_tokens": 3}}}
     (tmp_path / "acceptance.json").write_text(json.dumps({**want, "methods": rows}))
     assert _reusable(tmp_path, want, ["ngram"], {"h": str(head)})["k"] == 3
     assert _reusable(tmp_path / "nowhere", want, ["ngram"], {}) is None
     assert _reusable(tmp_path, {**want, "k": 4}, ["ngram"], {}) is None  # another k
     assert _reusable(tmp_path, want, ["ngram", "suffix"], {}) is None  # a method it did not run
-    assert _reusable(tmp_path, want, ["ngram"], {"h": str(tmp_path / "other")}) is None  # another head dir
+    assert _reusable(tmp_path, want, ["ngram"], {}, ngram_max=4) is None  # another ngram setting
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text((head / "config.json").read_text())
+    assert _reusable(tmp_path, want, ["ngram"], {"h": str(other)}) is None  # another head dir
+    outputs.unlink()
+    assert _reusable(tmp_path, want, ["ngram"], {}) is None  # its outputs are gone
+    outputs.write_text("{}")
     rows["ngram"]["status"] = "failed"
     (tmp_path / "acceptance.json").write_text(json.dumps({**want, "methods": rows}))
     assert _reusable(tmp_path, want, ["ngram"], {}) is None  # a failed method is run again

@@ -126,14 +126,10 @@ def check_no_leak(run_dir: Path, prompts: Path) -> None:
 
     from draftsmith.assets import cache_dir, resolve_target
 
-    tok = AutoTokenizer.from_pretrained(resolve_target(cfg.target.name_or_path))
-    data_cfg = cfg.data
-    if str(data_cfg.path).startswith("regen:"):  # the run's cached view of the regenerated answers
-        from draftsmith.train.build import regenerated_path
+    from draftsmith.train.build import resolve_data_cfg
 
-        data_cfg = OmegaConf.merge(data_cfg, {"path": regenerated_path(data_cfg, tok.name_or_path),
-                                              "num_conversations": None})
-    data = prepare_data(data_cfg, tok, cache_dir())
+    tok = AutoTokenizer.from_pretrained(resolve_target(cfg.target.name_or_path))
+    data = prepare_data(resolve_data_cfg(cfg.data, tok.name_or_path), tok, cache_dir())
     leaked = served & {s.conv_id for s in data.train}
     if leaked:
         raise SystemExit(f"{run_dir}: {len(leaked)} served prompts are in its training data, e.g. {sorted(leaked)[:3]}")

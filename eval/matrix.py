@@ -239,7 +239,8 @@ def _reusable(cell_dir: Path, want: dict, methods: list[str], heads: dict[str, s
             return None  # the token ids are read back for output-match checks
         if row.get("speculative_config") != speculative_config(name, want["k"], heads, ngram_min, ngram_max):
             return None
-        if name in heads and row.get("head_dir", str(Path(heads[name]).resolve())) != str(Path(heads[name]).resolve()):
+        head_dir = str(Path(heads[name]).resolve()) if name in heads else None
+        if head_dir and row.get("head_dir", head_dir) != head_dir:
             return None
     return r
 

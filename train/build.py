@@ -140,7 +140,6 @@ def regenerated_path(data_cfg, target_path: str) -> str:
     held-out split) for a size never depends on what larger sizes were made before."""
     import hashlib
 
-    from draftsmith.train.data.conversations import read_conversations
     from draftsmith.train.data.regenerate import regenerate
 
     source = data_cfg.path[len("regen:"):]
@@ -151,9 +150,8 @@ def regenerated_path(data_cfg, target_path: str) -> str:
     view = pool.with_name(pool.stem + (f".first{n}" if n is not None else ".all") + ".jsonl")
     if (view.parent / (view.name + ".complete")).is_file():
         return str(view)
-    regenerate(str(target_path), source, str(pool), n, data_cfg.regen_max_tokens, data_cfg.regen_temperature,
-               data_cfg.seed)
-    wanted = {c.id for c in read_conversations(source, n)}
+    wanted = set(regenerate(str(target_path), source, str(pool), n, data_cfg.regen_max_tokens,
+                            data_cfg.regen_temperature, data_cfg.seed)["ids"])
     with open(pool, "rb") as f:
         lines = [line for line in f if json.loads(line)["id"] in wanted]
     tmp = view.with_name(view.name + ".tmp")
@@ -163,14 +161,18 @@ def regenerated_path(data_cfg, target_path: str) -> str:
     return str(view)
 
 
+def resolve_data_cfg(data_cfg, target_path: str):
+    """`data_cfg` as `prepare_data` reads it: a regen:SOURCE path becomes its regenerated view (made if missing)."""
+    if not str(data_cfg.path).startswith("regen:"):
+        return data_cfg
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(data_cfg, {"path": regenerated_path(data_cfg, target_path), "num_conversations": None})
+
+
 def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
     """Prepared (cached) data plus the draft vocab from its supervised-token counts."""
-    data_cfg = cfg.data
-    if str(data_cfg.path).startswith("regen:"):
-        from omegaconf import OmegaConf
-
-        data_cfg = OmegaConf.merge(data_cfg, {"path": regenerated_path(data_cfg, tokenizer.name_or_path),
-                                              "num_conversations": None})
+    data_cfg = resolve_data_cfg(cfg.data, tokenizer.name_or_path)
     if len(tokenizer) > cfg.target.vocab_size:  # token ids past the target's embedding rows: a different model's tokenizer
         raise DataError(f"tokenizer {tokenizer.name_or_path!r} has {len(tokenizer)} tokens but the target "
                         f"{cfg.target.name_or_path!r} has {cfg.target.vocab_size} embeddings: they are not a pair")

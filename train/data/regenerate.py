@@ -74,7 +74,7 @@ def _append(out: Path, records: list[dict]) -> None:
 def regenerate(target: str, data: str, out: str, num_conversations: int | None = None, max_tokens: int = 256,
                temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = 1024, batch_size: int = 32,
                backend: str = "auto", threads: int = 1, kv_cache_gib: int = 2) -> dict:
-    """Write (or finish writing) `out`; returns counts and generation speed."""
+    """Write (or finish writing) `out`; returns counts, generation speed and the ids of the prompts asked for."""
     from transformers import AutoTokenizer
 
     from draftsmith.assets import resolve_target
@@ -121,7 +121,7 @@ def regenerate(target: str, data: str, out: str, num_conversations: int | None =
     seconds = time.perf_counter() - t0
     stats = {"prompts": len(prompts), "too_long": too_long, "resumed_with": len(done), "generated": len(todo),
              "new_tokens": new_tokens, "seconds": seconds, "tokens_per_s": new_tokens / seconds if todo else None,
-             "backend": backend, "out": str(out_path)}
+             "backend": backend, "out": str(out_path), "ids": [p["id"] for p in prompts]}
     print(f"regenerate: {len(todo)} answers, {new_tokens} tokens in {seconds:.0f} s "
           f"({stats['tokens_per_s'] or 0:.0f} tok/s) -> {out_path}", flush=True)
     return stats

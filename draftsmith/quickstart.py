@@ -1,8 +1,8 @@
 """`draftsmith quickstart`: the README's main job on the embedded default, end to end.
 
-    prepare target (SmolLM2-135M-Instruct GGUF -> HF dir) -> the target re-answers 1,000 ShareGPT first turns
-    (once, cached) -> render them with its chat template -> train an EAGLE-3 head with TTT for 60 minutes
-    (train/run.py conf=eagle3_smollm2) -> export for vLLM ->
+    prepare target (SmolLM2-135M-Instruct GGUF -> HF dir) -> the target re-answers 2,000 ShareGPT first turns
+    (once, cached) -> render them with its chat template -> extract the target's features (once, cached) ->
+    train an EAGLE-3 head with TTT for 60 minutes (train/run.py conf=eagle3_smollm2) -> export for vLLM ->
     served acceptance in real vLLM (trained head vs ngram, suffix, no speculation) on held-out prompts.
 
 Each stage is the same command a user runs by hand; the stage wall times and the table land in
@@ -55,7 +55,8 @@ def main(argv: list[str]) -> int:
         target = prepare_smollm2()
         print(f"target: {target}")
 
-    with stage("2/4 train EAGLE-3 head (target re-answers 1,000 first turns once, then TTT training)", timings):
+    with stage("2/4 train EAGLE-3 head (the target re-answers 2,000 first turns and its features are extracted, "
+               "each once and cached; then TTT training)", timings):
         cmd = [sys.executable, str(ROOT / "train" / "run.py"), "conf=eagle3_smollm2", f"output_dir={out}",
                f"head.ttt_steps={args.k}", *args.overrides]
         if args.minutes:

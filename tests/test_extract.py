@@ -328,3 +328,30 @@ def test_compressed_shards_read_back_exactly_and_train_the_same(tiny_target_dir,
     (packed / "parts" / "rank-00000.json").write_text(json.dumps(body))
     problems = validate(packed)[1]
     assert any(name in p and "aux does not decompress" in p for p in problems), problems
+
+
+def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_target_dir, data_file, tmp_path):
+    """data.features=offline and no features_dir: the run extracts its own features before its clock starts, keyed
+    by target and samples under the cache; a second run with the same data reads them back and logs the same losses."""
+    env = {**os.environ, "DRAFTSMITH_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
+
+    def run(name):
+        args = overrides(tiny_target_dir, data_file, tmp_path / name, "data.features=offline", "data.features_dtype=bf16",
+                         "optim.max_steps=4")
+        proc = subprocess.run([sys.executable, str(ROOT / "train" / "run.py"), *args], capture_output=True, text=True,
+                              timeout=600, env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return proc.stdout, [r for r in recs if "loss" in r]
+
+    out_a, a = run("a")
+    dirs = list((tmp_path / "cache" / "features").iterdir())
+    assert len(dirs) == 1 and dirs[0].name.endswith("-bf16"), dirs
+    assert f"extracting the target's features for 32 training samples once, into {dirs[0]}" in out_a
+    manifest = load_manifest(dirs[0])
+    assert manifest["complete"] and manifest["dtype"] == "bf16" and manifest["covered_samples"] == 32
+    out_b, b = run("b")
+    assert f"features: extracted earlier, {dirs[0]}" in out_b and "extracting" not in out_b
+    assert [r["loss"] for r in a] == [r["loss"] for r in b] and len(a) == 4
+    assert a[-1]["target_tokens"] == 0 and b[-1]["target_tokens"] == 0
+    assert f"features_dir: {dirs[0]}" in (tmp_path / "b" / "config.yaml").read_text()  # the run records where they were

@@ -1,5 +1,5 @@
-"""Real-model tier: a short EAGLE-3 run on SmolLM2 (the preset: target-regenerated ShareGPT answers, features kept
-in memory) beats its own untrained init in vLLM."""
+"""Real-model tier: a short EAGLE-3 run on SmolLM2 (the preset: target-regenerated ShareGPT answers, the target's
+features extracted once into the cache, then head-only training) beats its own untrained init in vLLM."""
 
 import json
 import os

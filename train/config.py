@@ -57,10 +57,12 @@ class DataConfig:
     max_batch_size: int = 16
     seed: int = 0
     # online: the target runs on every batch; memory: once per sample, its features kept for later epochs;
-    # offline: read from shards `draftsmith extract` wrote to features_dir; stream: a producer thread extracts
+    # offline: read from shards `draftsmith extract` wrote to features_dir (unset: the run extracts them itself,
+    # once, before its clock starts, into the cache, keyed by target + samples); stream: a producer thread extracts
     # ahead into a disk buffer (features_dir, default <output_dir>/stream_features) the trainer empties
     features: str = "online"
     features_dir: Optional[str] = None
+    features_dtype: str = "auto"  # offline, extracted by the run: storage dtype (auto = the target's; bf16 halves it)
     max_disk: Optional[str] = None  # stream: bound on the buffer's bytes, e.g. 2G or 500M (binary units)
     # assistant: train on the assistant's tokens only; all: also on prompt rows (user turns, system prompt),
     # scored against the target's distribution there too (held-out eval stays on assistant tokens)

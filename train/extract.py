@@ -133,16 +133,18 @@ def check_compatible(existing: dict, header: dict, root: Path) -> None:
 
 
 def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log=print, inputs=None,
-            compression: str = "none") -> dict:
+            compression: str = "none", accelerator=None) -> dict:
     """Extract (or finish extracting) the features of `cfg`'s training samples into `out`; returns a summary.
 
     Args:
         inputs: (target, tokenizer, data, vocab) already built for `cfg` (bench/extract.py reuses one load).
         compression: "none" | "zlib" (shards.compress_field: lossless, ~0.74 of the bytes for bf16 states).
+        accelerator: the training run's (a run that extracts its own features); None = a new one.
     """
     from accelerate import Accelerator
 
-    state = Accelerator()  # reads the launcher's env (torchrun + ACCELERATE_USE_CPU=1 gives gloo processes on CPU)
+    # reads the launcher's env (torchrun + ACCELERATE_USE_CPU=1 gives gloo processes on CPU)
+    state = accelerator if accelerator is not None else Accelerator()
     rank, world, device = state.process_index, state.num_processes, state.device
     main = state.is_main_process
     root = Path(out)

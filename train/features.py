@@ -15,6 +15,7 @@ logits rebuilt from `last`, so a batch's loss is the same whichever mode produce
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -102,6 +103,30 @@ class FeatureSource:
         weight = self.target.lm_head.weight
         logits = F.linear(last, weight if self.vocab_ids is None else weight[self.vocab_ids])  # [B, T, Vd]
         return Features(aux=aux, last=last, logits=logits)
+
+
+def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=None, log=print) -> str:
+    """data.features=offline without a features_dir: extract this run's features once into the cache (under
+    features/<fingerprint of target, tokenizer and samples>), or reuse them when an earlier run did. Returns the
+    directory. Runs before training starts, so optim.max_minutes counts head training only; resumable like
+    `draftsmith extract` (a kill keeps the finished shards)."""
+    from draftsmith.assets import cache_dir
+    from draftsmith.train.extract import extract
+    from draftsmith.train.shards import DTYPE_NAMES, DTYPES, fingerprint_sha1, run_fingerprint
+
+    dtype = cfg.data.get("features_dtype", "auto")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"data.features_dtype={dtype!r}: expected auto | {' | '.join(DTYPES)}")
+    name = DTYPE_NAMES[next(target.parameters()).dtype] if dtype == "auto" else dtype
+    root = cache_dir() / "features" / f"{fingerprint_sha1(run_fingerprint(cfg, target, data.train, tokenizer))[:16]}-{name}"
+    manifest = root / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text()).get("complete"):
+        log(f"features: extracted earlier, {root}")
+        return str(root)
+    log(f"features: extracting the target's features for {len(data.train)} training samples once, into {root} "
+        f"(not counted in optim.max_minutes; later runs with the same target and data reuse them)")
+    extract(cfg, root, dtype=name, log=log, inputs=(target, tokenizer, data, vocab), accelerator=accelerator)
+    return str(root)
 
 
 def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator) -> FeatureSource:

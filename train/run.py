@@ -59,6 +59,16 @@ def main(cfg: DictConfig) -> dict:
         from draftsmith.train.data.continuations import build_stage2_data
 
         data = build_stage2_data(cfg, data, target_path, cache_dir(), log=lambda *a: print0(accelerator, *a))
+    if cfg.data.features == "offline" and not cfg.data.get("features_dir"):
+        from omegaconf import open_dict
+
+        from draftsmith.train.features import ensure_offline_features
+
+        with open_dict(cfg):
+            cfg.data.features_dir = ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator,
+                                                            log=lambda *a: print0(accelerator, *a))
+        if accelerator.is_main_process:
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     head = build_head(cfg.head, target, vocab)
     head.config.target["name_or_path"] = target_path
     tracker = None

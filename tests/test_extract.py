@@ -346,7 +346,7 @@ def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_tar
 
     out_a, a = run("a")
     dirs = list((tmp_path / "cache" / "features").iterdir())
-    assert len(dirs) == 1 and dirs[0].name.endswith("-bf16"), dirs
+    assert len(dirs) == 1 and dirs[0].name.endswith("-eagle3-bf16"), dirs
     assert f"extracting the target's features for 32 training samples once, into {dirs[0]}" in out_a
     manifest = load_manifest(dirs[0])
     assert manifest["complete"] and manifest["dtype"] == "bf16" and manifest["covered_samples"] == 32

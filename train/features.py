@@ -107,7 +107,7 @@ class FeatureSource:
 
 def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=None, log=print) -> str:
     """data.features=offline without a features_dir: extract this run's features once into the cache (under
-    features/<fingerprint of target, tokenizer and samples>), or reuse them when an earlier run did. Returns the
+    features/<fingerprint of target, tokenizer and samples>-<head family>-<dtype>), or reuse them when an earlier run did. Returns the
     directory. Runs before training starts, so optim.max_minutes counts head training only; resumable like
     `draftsmith extract` (a kill keeps the finished shards)."""
     from draftsmith.assets import cache_dir
@@ -118,7 +118,8 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"data.features_dtype={dtype!r}: expected auto | {' | '.join(DTYPES)}")
     name = DTYPE_NAMES[next(target.parameters()).dtype] if dtype == "auto" else dtype
-    root = cache_dir() / "features" / f"{fingerprint_sha1(run_fingerprint(cfg, target, data.train, tokenizer))[:16]}-{name}"
+    digest = fingerprint_sha1(run_fingerprint(cfg, target, data.train, tokenizer))[:16]
+    root = cache_dir() / "features" / f"{digest}-{cfg.head.family}-{name}"  # the families store different fields
     manifest = root / "manifest.json"
     if manifest.is_file() and json.loads(manifest.read_text()).get("complete"):
         log(f"features: extracted earlier, {root}")

@@ -9,7 +9,8 @@ counts are exact. Activations are an upper-bound estimate for the largest batch 
 (`max_tokens_per_batch` tokens, sequences of `max_length`), every position supervised.
 
 Layouts: the frozen target is never given to accelerate (it is not trained), so it is whole on every rank
-(data.features=offline drops it from training ranks). The head and its AdamW state are replicated under DDP;
+(data.features=offline leaves it out of the estimate; the training loop itself still loads it on every rank
+for held-out evaluation and the lm_head rows, a known gap). The head and its AdamW state are replicated under DDP;
 ZeRO-1 shards the optimizer state, ZeRO-2 (and FSDP SHARD_GRAD_OP) also the gradients, ZeRO-3 (and FSDP
 FULL_SHARD) also the parameters.
 """

@@ -8,9 +8,9 @@ the preset shipped with before these levers existed (raw ShareGPT answers, rando
 draft vocab, features recomputed every batch), so the comparison means the same thing after the preset
 changes; `preset` is the preset as it is now. Levers combine with `+` (`regen+memory`).
 
-Lever `offline` trains from features extracted once before the clock starts (`draftsmith extract`, bf16): from
---features-dir, else from OUT/features/<digest of the data settings>, which the bench extracts when missing and
-whose extraction time it records beside it (data preparation, like `regen`; not a training minute):
+Lever `offline` trains from features extracted once before the clock starts (bf16): from --features-dir (written
+by `draftsmith extract`), else the training run extracts them into the draftsmith cache itself, once per target
+and data, and logs the time (data preparation, like `regen`; not a training minute):
 
     python bench/acceptance_per_minute.py --out bench/results/apm --minutes 60 --tokens 4000000 \
         --levers preset,preset+conv2000+offline --curve preset+conv2000+offline --curve-every 400
@@ -57,10 +57,9 @@ LEVERS = {
     "conv2000": ("twice the regenerated data: 2,000 first turns (1,830 kept)",
                  ["data.path=regen:sharegpt", "data.num_conversations=2000", "data.heldout=128"]),
     "offline": ("features extracted once before training (draftsmith extract; every training minute head-only)",
-                ["data.features=offline", "data.features_dir={features}"]),
+                ["data.features=offline", "data.features_dtype=bf16", "data.features_dir={features}"]),
     "ttt2": ("TTT depth 2", ["head.ttt_steps=2"]),
 }
-EXTRACT_KEYS = ("data.", "target.", "head.draft_vocab_size")  # what decides a run's features (the rest is training)
 
 
 def served(spec: str) -> str:
@@ -84,51 +83,21 @@ def overrides(spec: str, regen: str | None, features: str | None = None) -> list
                     raise SystemExit(f"lever {p!r} needs --regen-data (make it with `draftsmith regenerate`)")
                 o = o.format(regen=regen)
             if "{features}" in o:
-                o = o.format(features=features or "")
+                if not features:  # train/run.py extracts into the cache, before its clock starts (once)
+                    continue
+                o = o.format(features=features)
             out.append(o)
     last = {o.split("=", 1)[0]: o for o in out}  # a later lever wins a key (Hydra refuses a key given twice)
     return [o for o in out if last[o.split("=", 1)[0]] is o]
-
-
-def features_dir(spec: str, args) -> str | None:
-    """Where lever `offline` reads its features: --features-dir, else one directory per data/vocab setting."""
-    if "offline" not in spec.split("+"):
-        return None
-    if args.features_dir:
-        return str(Path(args.features_dir).resolve())
-    import hashlib
-
-    key = [o for o in overrides(spec, args.regen_data) if o.startswith(EXTRACT_KEYS) and not o.startswith("data.features")]
-    return str(Path(args.out).resolve() / "features" / hashlib.sha1("\n".join(key).encode()).hexdigest()[:12])
-
-
-def extract(spec: str, args) -> None:
-    """`draftsmith extract` for an offline lever (once; a finished directory is validated and kept). Its time is
-    data preparation, like regeneration: printed and recorded, not part of the lever's training minutes."""
-    root = features_dir(spec, args)
-    manifest = Path(root) / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text()).get("complete"):
-        print(f"[{spec}] features extracted earlier: {root}", flush=True)
-        return
-    key = [o for o in overrides(spec, args.regen_data, root) if not o.startswith("data.features")]
-    cmd = [sys.executable, "-m", "draftsmith.cli", "extract", "--out", root, "--dtype", "bf16", "conf=eagle3_smollm2", *key]
-    print(f"[{spec}] extracting: " + " ".join(cmd[3:]), flush=True)
-    t0 = time.time()
-    Path(root).parent.mkdir(parents=True, exist_ok=True)
-    with open(Path(root).with_suffix(".log"), "a") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    Path(root + ".seconds").write_text(f"{time.time() - t0:.0f}\n")
 
 
 def train(name: str, spec: str, args, run_dir: Path) -> None:
     if (run_dir / "done").is_file():
         print(f"[{name}] finished earlier: {run_dir}", flush=True)
         return
-    if "offline" in spec.split("+"):
-        extract(spec, args)
     cmd = [sys.executable, str(ROOT / "train" / "run.py"), "conf=eagle3_smollm2", f"run_name={name}",
            f"output_dir={run_dir}", "eval_every=0", "wandb.mode=disabled",
-           *overrides(spec, args.regen_data, features_dir(spec, args)),
+           *overrides(spec, args.regen_data, args.features_dir),
            f"optim.max_tokens={args.tokens}" if args.tokens else "optim.max_tokens=null",
            f"optim.max_minutes={args.minutes}" if args.minutes else "optim.max_minutes=null"]
     if spec == args.curve:  # keep every checkpoint for the curve
@@ -226,8 +195,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=None, help="wall-clock bound per lever")
     ap.add_argument("--regen-data", default=None, help="JSONL from `draftsmith regenerate` (levers `regen`)")
     ap.add_argument("--features-dir", default=None,
-                    help="features for lever `offline` (default: OUT/features/<hash of the data settings>, extracted "
-                         "by the bench when missing)")
+                    help="features for lever `offline` (default: the run extracts them into the draftsmith cache "
+                         "before its clock starts, once per target and data)")
     ap.add_argument("--curve", default=None, help="a lever from --levers whose checkpoints make the τ-vs-minutes curve")
     ap.add_argument("--curve-every", type=int, default=200, help="checkpoint every N steps in the curve run")
     ap.add_argument("--curve-min-gap", type=float, default=5.0, help="minutes between served curve points")
@@ -269,7 +238,7 @@ def main() -> int:
     for s in specs:
         check_no_leak(runs[s], prompts)
         heads[served(s)] = export(runs[s], out / "exported" / s)
-        info[s] = {"overrides": overrides(s, args.regen_data, features_dir(s, args)), **summary(runs[s])}
+        info[s] = {"overrides": overrides(s, args.regen_data, args.features_dir), **summary(runs[s])}
     curve = []
     if args.curve:
         for m, ck, sim in curve_points(runs[args.curve], args.curve_min_gap):

@@ -15,7 +15,6 @@ logits rebuilt from `last`, so a batch's loss is the same whichever mode produce
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -106,13 +105,13 @@ class FeatureSource:
 
 
 def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=None, log=print) -> str:
-    """data.features=offline without a features_dir: extract this run's features once into the cache (under
-    features/<fingerprint of target, tokenizer and samples>-<head family>-<dtype>), or reuse them when an earlier run did. Returns the
-    directory. Runs before training starts, so optim.max_minutes counts head training only; resumable like
-    `draftsmith extract` (a kill keeps the finished shards)."""
+    """data.features=offline without a features_dir: extract this run's features once into the cache, under
+    features/<fingerprint of target, tokenizer and samples>-<head family>-<dtype>, or reuse them when an earlier
+    run did. Returns the directory. Runs before training starts, so optim.max_minutes counts head training only;
+    resumable like `draftsmith extract` (a kill keeps the finished shards)."""
     from draftsmith.assets import cache_dir
     from draftsmith.train.extract import extract
-    from draftsmith.train.shards import DTYPE_NAMES, DTYPES, fingerprint_sha1, run_fingerprint
+    from draftsmith.train.shards import DTYPE_NAMES, DTYPES, fingerprint_sha1, load_manifest, run_fingerprint
 
     dtype = cfg.data.get("features_dtype", "auto")
     if dtype != "auto" and dtype not in DTYPES:
@@ -120,8 +119,8 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
     name = DTYPE_NAMES[next(target.parameters()).dtype] if dtype == "auto" else dtype
     digest = fingerprint_sha1(run_fingerprint(cfg, target, data.train, tokenizer))[:16]
     root = cache_dir() / "features" / f"{digest}-{cfg.head.family}-{name}"  # the families store different fields
-    manifest = root / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text()).get("complete"):
+    # the merged view (manifest + every rank's part): a kill between a part and the manifest counts what it wrote
+    if (root / "manifest.json").is_file() and load_manifest(root)["complete"]:
         log(f"features: extracted earlier, {root}")
         return str(root)
     log(f"features: extracting the target's features for {len(data.train)} training samples once, into {root} "

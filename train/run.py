@@ -47,10 +47,15 @@ def main(cfg: DictConfig) -> dict:
     accelerator = Accelerator(mixed_precision=("bf16" if fast_bf16(device) else "no") if mp == "auto" else mp)
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
+
+    def save_config() -> None:
+        if accelerator.is_main_process:
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(os.sys.argv)}\n")
+    save_config()
     target, target_path = build_target(cfg.target, accelerator.device)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     data, vocab = build_data_and_vocab(cfg, tokenizer, run_dir, log=lambda *a: print0(accelerator, *a))
@@ -67,8 +72,7 @@ def main(cfg: DictConfig) -> dict:
         with open_dict(cfg):
             cfg.data.features_dir = ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator,
                                                             log=lambda *a: print0(accelerator, *a))
-        if accelerator.is_main_process:
-            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        save_config()  # with the directory the run resolved
     head = build_head(cfg.head, target, vocab)
     head.config.target["name_or_path"] = target_path
     tracker = None

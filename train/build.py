@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.assets import cache_dir, resolve_target
+from draftsmith.errors import ConfigError
 from draftsmith.train.data.conversations import DataError
 from draftsmith.train.data.dataset import prepare_data
 from draftsmith.train.data.render import special_ids
@@ -59,17 +60,42 @@ def target_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def build_target(cfg, device: torch.device) -> tuple[Target, str]:
-    """Load the frozen target and check it is the model the preset describes."""
+def load_target_config(name_or_path: str):
+    """(local path or hub id, HF config) of a target, or a ConfigError saying what to set instead.
+
+    transformers answers a missing local path with "Repo id must be in the form ..." and an unreachable hub
+    with a connection traceback; a user needs to hear which of the three it is and what to set.
+    """
     from transformers import AutoConfig
 
-    path = resolve_target(cfg.name_or_path)
-    tc = AutoConfig.from_pretrained(path)  # check before loading weights: a wrong 70B preset fails in seconds
+    key = f"target.name_or_path={name_or_path}"
+    path = resolve_target(name_or_path)
+    local = Path(path).expanduser()
+    if local.exists():
+        if not local.is_dir() or not (local / "config.json").is_file():
+            raise ConfigError(f"{key}: {local} is not a Hugging Face model directory (no config.json in it); point "
+                              "it at the directory that holds config.json, the tokenizer and the weights")
+    elif Path(path).is_absolute() or path.startswith((".", "~")) or path.count("/") != 1:
+        raise ConfigError(f"{key}: no such directory {local}, and not a hub id (ORG/NAME); point it at a local "
+                          "model directory, or use target.name_or_path=smollm2 for the embedded default")
+    where = str(local) if local.exists() else path
+    try:
+        return where, AutoConfig.from_pretrained(where)
+    except (OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key}: cannot load it from the model hub ({reason}). On a machine without hub access, "
+                          f"download {path} where there is one and set target.name_or_path=/path/to/its/directory"
+                          ) from None
+
+
+def build_target(cfg, device: torch.device) -> tuple[Target, str]:
+    """Load the frozen target and check it is the model the preset describes."""
+    path, tc = load_target_config(cfg.name_or_path)  # before the weights: a wrong 70B preset fails in seconds
     got = {"hidden_size": tc.hidden_size, "num_hidden_layers": tc.num_hidden_layers, "vocab_size": tc.vocab_size}
     want = {k: cfg[k] for k in got}
     if got != want:
-        raise ValueError(f"target {cfg.name_or_path!r} is not the model this preset describes: config has {got}, "
-                         f"preset says {want}; fix target.* or pick the right conf=")
+        raise ConfigError(f"target {cfg.name_or_path!r} is not the model this preset describes: config has {got}, "
+                          f"preset says {want}; fix target.* or pick the right conf=")
     target = Target.from_pretrained(path, cfg.aux_layer_ids, dtype=target_dtype(cfg.dtype, device))
     return target, path
 
@@ -78,7 +104,7 @@ def build_head(cfg, target: Target, vocab) -> Eagle3Head:
     if cfg.family == "mlp_speculator":
         return build_mlp_speculator(cfg, target)
     if cfg.family != "eagle3":
-        raise ValueError(f"head.family={cfg.family!r}: expected eagle3 | mlp_speculator")
+        raise ConfigError(f"head.family={cfg.family!r}: expected eagle3 | mlp_speculator")
     hcfg = Eagle3Config.from_target(target.config, cfg.draft_vocab_size, target.aux_layer_ids,
                                     ttt_steps=cfg.ttt_steps, norm_before_residual=cfg.norm_before_residual,
                                     intermediate_size=cfg.intermediate_size)
@@ -90,7 +116,7 @@ def build_head(cfg, target: Target, vocab) -> Eagle3Head:
     elif cfg.init == "output":
         warm_start_output(head, target)
     elif cfg.init != "random":
-        raise ValueError(f"head.init={cfg.init!r}: expected random | output | target")
+        raise ConfigError(f"head.init={cfg.init!r}: expected random | output | target")
     return head
 
 
@@ -210,21 +236,21 @@ def build_mlp_speculator(cfg, target: Target):
     if cfg.init_from:
         meta, state = load_head(cfg.init_from)
         if meta.get("family") != "mlp_speculator":
-            raise ValueError(f"head.init_from={cfg.init_from}: holds a {meta.get('family')!r} head, not mlp_speculator")
+            raise ConfigError(f"head.init_from={cfg.init_from}: holds a {meta.get('family')!r} head, not mlp_speculator")
         theirs = {k: v for k, v in meta["config"].items() if k != "target"}
         ours = {k: v for k, v in hcfg.to_dict().items() if k != "target"}
         if theirs != ours:
-            raise ValueError(f"head.init_from={cfg.init_from}: its config {theirs} differs from this run's {ours}")
+            raise ConfigError(f"head.init_from={cfg.init_from}: its config {theirs} differs from this run's {ours}")
         missing = head.load_state_dict(state, strict=False)
         frozen_or_tied = set(head.state_dict()) - set(head.trainable_state_dict())
         assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
     elif cfg.init == "output":
         if hcfg.inner_dim != hcfg.emb_dim:
-            raise ValueError(f"head.init=output needs inner_dim == the target's hidden size {hcfg.emb_dim}")
+            raise ConfigError(f"head.init=output needs inner_dim == the target's hidden size {hcfg.emb_dim}")
         with torch.no_grad():
             for i in range(hcfg.n_predict):
                 head.head[i].weight.copy_(target.lm_head.weight.float())
                 head.emb[i].weight.copy_(target.embed_tokens.weight.float())
     elif cfg.init != "random":
-        raise ValueError(f"head.init={cfg.init!r}: expected random | output for an MLP speculator")
+        raise ConfigError(f"head.init={cfg.init!r}: expected random | output for an MLP speculator")
     return head

@@ -17,9 +17,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.atomic import atomic_dir
+from draftsmith.errors import ConfigError, DiskFullError, DraftsmithError, free_space, is_disk_full
 
 
-class CheckpointError(ValueError):
+class CheckpointError(DraftsmithError, ValueError):
     """A checkpoint that cannot be used here: unreadable (truncated, corrupt) or made for another target/head."""
 
 
@@ -40,22 +41,105 @@ def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint dir, or a run dir (its latest checkpoint)."""
+    """A checkpoint dir, or a run dir (its latest checkpoint); CheckpointError naming what is missing otherwise."""
     path = Path(path)
     if (path / "head.safetensors").exists():
         return path
     found = checkpoints(path)
     if not found:
-        raise FileNotFoundError(f"no checkpoint in {path} (expected head.safetensors or checkpoints/step_*)")
+        raise CheckpointError(_no_checkpoint(path))
     return found[-1]
+
+
+def _no_checkpoint(path: Path) -> str:
+    """Why `path` is not a checkpoint, and what to give instead (one paragraph)."""
+    want = "a checkpoint directory (RUN/checkpoints/step_N, holding head.safetensors) or a run's output_dir"
+    if not path.exists():
+        return f"{path} does not exist: expected {want}. Check the path."
+    if not path.is_dir():
+        return f"{path} is a file: expected {want}."
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        return (f"{path} is an exported head (config.json + model.safetensors), not a training checkpoint: it is "
+                f"already exported; serve it as it is (--head NAME={path}), or export from the run it came from.")
+    empty = " (its checkpoints/ has no finished step_* yet)" if (path / "checkpoints").is_dir() else ""
+    return (f"{path} holds no checkpoint: neither head.safetensors (a checkpoint directory) nor "
+            f"checkpoints/step_* (a run directory){empty}. Is this the run's output_dir? A run saves its first "
+            f"checkpoint at save_every steps, so one stopped before then has none: run it again (a lower "
+            f"save_every saves sooner).")
+
+
+def prepare_run_dir(run_dir: Path, resume: str | None, overwrite: bool, main_process: bool, log=print) -> str | None:
+    """Check `run_dir` before a run writes into it; returns the `resume` to use.
+
+    A fresh run into a directory holding an earlier run's checkpoints or metrics would append to its
+    metrics.jsonl, prune its own new checkpoints in favour of the old run's higher step numbers and leave an
+    export shipping the old head: refused, unless `overwrite` (which deletes them). `resume=auto` with no
+    checkpoint yet (a run killed before its first save) starts from step 0 and drops the unsaved steps' metrics.
+    """
+    found = checkpoints(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if resume == "auto" and not found:
+        if metrics.exists():
+            log(f"resume=auto: {run_dir} has no checkpoint yet; starting from step 0 (its unsaved metrics dropped)")
+            if main_process:
+                metrics.unlink()
+        return None
+    if resume is not None or not (found or metrics.exists()):
+        return resume
+    what = (f"{len(found)} checkpoint(s) up to {found[-1].name}" if found else "no checkpoint") + " and " + \
+        ("a metrics.jsonl" if metrics.exists() else "no metrics.jsonl")
+    if not overwrite:
+        raise ConfigError(f"output_dir {run_dir} already holds a run ({what}). Continue it with resume=auto, "
+                          f"start over with overwrite=true (deletes its checkpoints and metrics), or train into "
+                          f"another directory (run_name=NAME or output_dir=DIR).")
+    log(f"overwrite=true: deleting the earlier run in {run_dir} ({what})")
+    if main_process:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        metrics.unlink(missing_ok=True)
+    return None
+
+
+def trim_metrics(path: Path, step: int) -> int:
+    """Keep the metrics lines of steps <= `step` (the checkpoint resumed from); returns how many were dropped.
+
+    A kill after a checkpoint leaves lines for steps the resumed run does again (and maybe a torn last line):
+    without this the log would hold those steps twice.
+    """
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_bytes().splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+            ok = line.endswith(b"\n") and row.get("step", 0) <= step
+        except ValueError:  # a line torn by the kill
+            ok = False
+        if ok:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(b"".join(kept))
+        os.replace(tmp, path)
+    return dropped
 
 
 def save_checkpoint(run_dir, step: int, head_state: dict, head_meta: dict, trainer_state: dict, keep: int) -> Path:
     final = Path(run_dir) / "checkpoints" / f"step_{step:08d}"
-    with atomic_dir(final) as tmp:
-        save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, tmp / "head.safetensors")
-        (tmp / "head.json").write_text(json.dumps(head_meta, indent=2) + "\n")
-        torch.save(trainer_state, tmp / "trainer.pt")
+    try:
+        with atomic_dir(final) as tmp:
+            save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, tmp / "head.safetensors")
+            (tmp / "head.json").write_text(json.dumps(head_meta, indent=2) + "\n")
+            torch.save(trainer_state, tmp / "trainer.pt")
+    except Exception as e:  # safetensors and torch wrap the OSError in their own types
+        if not is_disk_full(e):
+            raise
+        kept = checkpoints(run_dir)
+        raise DiskFullError(f"no room to write checkpoint {final} ({free_space(final)} free): "
+                            f"{str(e).splitlines()[0][:200]}. Nothing of it was kept; "
+                            + (f"the previous checkpoint {kept[-1]} is intact. " if kept else "")
+                            + "Free space there and continue with resume=auto.") from None
     for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old)
     return final
@@ -104,16 +188,22 @@ def check_same_head(meta: dict, config: dict, ckpt) -> None:
 
 
 def check_head_fits_target(config: dict, target_config, where) -> None:
-    """Refuse to pair a head with a target it was not made for (before a shape error deep inside torch)."""
-    want = {"vocab_size": target_config.vocab_size}
-    if "target_hidden_size" in config:  # EAGLE-3
-        want["target_hidden_size"] = target_config.hidden_size
-    if "emb_dim" in config:  # MLP speculator
-        want["emb_dim"] = target_config.hidden_size
-    diff = {k: (config.get(k), v) for k, v in want.items() if config.get(k) != v}
-    bad_aux = [i for i in config.get("aux_layer_ids") or [] if not 0 <= i < target_config.num_hidden_layers]
-    if diff or bad_aux:
+    """Refuse to pair a head with a target it was not made for (before a shape error deep inside torch).
+
+    `config` is a head config: training's, or one read back from an exported dir; a size it lacks is not checked."""
+    want = {"vocab_size": target_config.vocab_size,
+            "target_hidden_size": target_config.hidden_size,  # EAGLE-3
+            "emb_dim": target_config.hidden_size}  # MLP speculator
+    problems = [f"{k} head={config[k]} target={v}" for k, v in want.items()
+                if config.get(k) is not None and config[k] != v]
+    draft = config.get("draft_vocab_size")
+    if draft is not None and draft > target_config.vocab_size:
+        problems.append(f"draft_vocab_size head={draft} above the target's vocab_size {target_config.vocab_size}")
+    n = target_config.num_hidden_layers
+    bad_aux = [i for i in config.get("aux_layer_ids") or [] if not 0 <= i < n]
+    if bad_aux:
+        problems.append(f"aux layers {bad_aux} beyond {n}")
+    if problems:
         trained_on = (config.get("target") or {}).get("name_or_path") or "another target"
         raise CheckpointError(f"{where}: this head was trained for {trained_on}, not this target: "
-                              + ", ".join([f"{k} head={a} target={b}" for k, (a, b) in diff.items()]
-                                          + ([f"aux layers {bad_aux} beyond {target_config.num_hidden_layers}"] if bad_aux else [])))
+                              + ", ".join(problems) + ". Pair it with the target it was made for.")

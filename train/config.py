@@ -6,6 +6,7 @@ The YAMLs under conf/ are validated against these at compose time, so a typo suc
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -111,7 +112,10 @@ class Config:
     run_name: str = "run"
     output_dir: str = "outputs/${run_name}"
     seed: int = 0
-    resume: Optional[str] = None  # a checkpoint dir, or "auto" = the latest in output_dir
+    resume: Optional[str] = None  # a checkpoint dir, or "auto" = the latest in output_dir (none yet: from step 0)
+    # a fresh run (no resume) into an output_dir that holds an earlier run is refused unless this is true,
+    # which deletes that run's checkpoints and metrics first
+    overwrite: bool = False
     log_every: int = 10
     eval_every: int = 200
     save_every: int = 200
@@ -121,6 +125,105 @@ class Config:
     dry_run: bool = False  # print per-rank memory (train/memory.py) from shapes alone, then stop
     dry_run_processes: int = 8  # the process count the dry run shards over
     wandb: dict[str, Any] = field(default_factory=lambda: {"mode": "offline", "project": "draftsmith"})
+
+
+CHOICES = {
+    "head.family": ("eagle3", "mlp_speculator"),
+    "head.init": ("random", "output", "target"),
+    "data.features": ("online", "memory", "offline", "stream"),
+    "data.features_dtype": ("auto", "bf16", "fp16", "fp32"),
+    "data.supervise": ("assistant", "all"),
+    "target.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "mixed_precision": ("auto", "no", "bf16", "fp16"),
+    "stage2.backend": ("auto", "vllm", "hf"),
+}
+
+
+def config_problems(cfg) -> list[str]:
+    """Every key whose value cannot work, as `key=value: why` lines (empty when the config is usable).
+
+    Hydra checks names and types at compose time; this checks ranges and combinations, so a bad value fails
+    at start-up naming its key instead of as a traceback deep inside torch (or, worse, silently).
+    """
+    problems: list[str] = []
+
+    def get(key: str):
+        node = cfg
+        for part in key.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+        return node
+
+    def need(key: str, ok, why: str) -> None:
+        value = get(key)
+        if not ok(value):
+            problems.append(f"{key}={value}: {why}")
+
+    for key, allowed in CHOICES.items():
+        need(key, lambda v, a=allowed: v in a, "expected one of " + " | ".join(map(str, allowed)))
+    def optional_min(lo):
+        return lambda v: v is None or v >= lo
+
+    need("optim.lr", lambda v: v > 0, "the peak learning rate must be > 0 (the presets use 1e-4 to 3e-3)")
+    need("optim.weight_decay", lambda v: v >= 0, "must be >= 0")
+    need("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two AdamW betas in [0, 1)")
+    need("optim.warmup_steps", lambda v: v >= 0, "must be >= 0")
+    need("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "the cosine's floor as a share of the peak lr, in [0, 1]")
+    need("optim.grad_clip", lambda v: v > 0, "the gradient-norm clip must be > 0 (0 would zero every update)")
+    need("optim.epochs", lambda v: v >= 1, "must be >= 1")
+    need("optim.max_steps", optional_min(1), "optimizer steps, >= 1, or null for no step cap (epochs/tokens/clock)")
+    need("optim.max_minutes", lambda v: v is None or v > 0, "minutes of training, > 0, or null for no clock")
+    need("optim.max_tokens", optional_min(1), "supervised tokens, >= 1, or null for no token budget")
+    need("optim.grad_accum", lambda v: v >= 1, "micro-batches per optimizer step, >= 1")
+    need("head.ttt_steps", lambda v: v >= 1, "the head is unrolled at least 1 step (EAGLE-3 TTT depth)")
+    need("head.ttt_decay", lambda v: v > 0, "each step's loss weight is decay**i: must be > 0")
+    need("head.n_predict", lambda v: v >= 1, "MLP speculator stages, >= 1")
+    need("head.inner_dim", lambda v: v >= 0, "0 (the target's hidden size) or a width > 0")
+    need("head.stage", lambda v: v in (1, 2), "1 (input alignment) or 2 (output alignment, from head.init_from)")
+    need("head.intermediate_size", optional_min(1), "null (the target's) or >= 1")
+    if get("head.family") == "eagle3":
+        vocab = get("target.vocab_size")
+        need("head.draft_vocab_size", lambda v: 1 <= v <= vocab,
+             f"the draft vocab is a subset of the target's {vocab} tokens: use 1..{vocab} (8,192-32,000 is usual)")
+    need("data.num_conversations", optional_min(1), "conversations to train on, >= 1, or null for all")
+    need("data.heldout", lambda v: v >= 0, "held-out conversations, >= 0")
+    need("data.max_length", lambda v: v >= 2, "tokens per sample, >= 2")
+    need("data.max_tokens_per_batch", lambda v: v >= get("data.max_length"),
+         f"a batch must hold one sample of data.max_length={get('data.max_length')} tokens")
+    need("data.max_batch_size", lambda v: v >= 1, "samples per batch, >= 1")
+    need("data.regen_max_tokens", lambda v: v >= 1, "answer length cap, >= 1")
+    need("data.regen_temperature", lambda v: v >= 0, "0 (greedy) or a sampling temperature > 0")
+    if get("data.max_disk") is not None:
+        from draftsmith.train.shards import parse_size
+
+        try:
+            parse_size(get("data.max_disk"))
+        except ValueError as e:
+            problems.append(f"data.max_disk={get('data.max_disk')}: {e}")
+    need("log_every", lambda v: v >= 1, "steps between log lines, >= 1")
+    need("eval_every", lambda v: v >= 0, "steps between held-out evals, >= 0 (0: only at the end)")
+    need("save_every", lambda v: v >= 0, "steps between checkpoints, >= 0 (0: only at the end)")
+    need("keep_checkpoints", lambda v: v >= 1, "checkpoints kept, >= 1")
+    need("eval_batches", lambda v: v >= 1, "held-out batches per eval, >= 1")
+    need("stage2.num_prompts", lambda v: v >= 1, "prompts per temperature, >= 1")
+    need("stage2.max_tokens", lambda v: v >= 1, "generated tokens per prompt, >= 1")
+    if get("head.family") == "mlp_speculator" and get("head.stage") == 2 and not get("head.init_from"):
+        problems.append("head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set "
+                        "head.init_from=<stage-1 run dir>")
+    resume = get("resume")
+    if resume not in (None, "auto") and not os.path.isdir(str(resume)):
+        problems.append(f"resume={resume}: no such checkpoint or run directory (resume=auto takes the latest in "
+                        f"output_dir)")
+    return problems
+
+
+def validate_config(cfg) -> None:
+    """Raise ConfigError listing every key whose value cannot work."""
+    problems = config_problems(cfg)
+    if problems:
+        from draftsmith.errors import ConfigError
+
+        raise ConfigError("the config cannot work: " + "; ".join(problems) + ". Fix the key(s) on the command "
+                          "line (key=value) or in the preset under conf/.")
 
 
 def register_configs() -> None:

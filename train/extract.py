@@ -11,7 +11,9 @@ The samples are the run's training samples (the same Hydra overrides as train/ru
 evaluation always runs the target online. Under `accelerate launch` rank r takes samples i % world == r and
 writes its own shards; rank 0 merges the manifest. Re-running the same command resumes: finished shards are
 kept, a shard a kill cut short is redone. `--max-disk` stops before the directory would exceed the budget
-and the manifest records what was covered; the same command with a larger budget carries on.
+and the manifest records what was covered; the same command with a larger budget carries on (exit status 0:
+what was written is kept). A budget too small for even one shard writes nothing and exits 2, naming the smallest
+--max-disk that lets extraction start. A shard deleted from the directory is extracted again.
 """
 
 from __future__ import annotations
@@ -19,17 +21,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
+import math
 import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.train.shards import (DTYPE_NAMES, DTYPES, FAMILY_FIELDS, FORMAT, VERSION, ShardError, atomic_write,
-                                     atomic_write_json,
-                                     fingerprint_differences, fingerprint_sha1, fmt_size, load_manifest, orphan_files,
-                                     COMPRESSIONS, pack_shard, parse_size, part_path, run_fingerprint, shard_name, validate,
+from draftsmith.errors import ConfigError, handle_errors
+from draftsmith.train.shards import (COMPRESSIONS, DTYPE_NAMES, DTYPES, FAMILY_FIELDS, FORMAT, VERSION, ShardError,
+                                     atomic_write, atomic_write_json, fingerprint_differences, fingerprint_sha1,
+                                     fmt_size, fmt_size_up, forget_shards, load_manifest, missing_shards, orphan_files,
+                                     pack_shard, parse_size, part_path, run_fingerprint, shard_name, validate,
                                      write_manifest)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,6 +124,72 @@ def header_for(cfg, target, tokenizer, data, vocab, dtype: torch.dtype, compress
             "shards": []}
 
 
+def shard_meta(header: dict) -> dict:
+    """The metadata every shard carries (what validate checks it against)."""
+    return {"format": FORMAT, "fingerprint_sha1": header["fingerprint_sha1"], "family": header["family"]}
+
+
+def shard_record(name: str, rank: int, seq: int, rows: list[dict], tokens: int, blob: bytes) -> dict:
+    """A shard's manifest entry."""
+    return {"name": name, "rank": rank, "seq": seq, "samples": [r["index"] for r in rows], "tokens": tokens,
+            "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def shard_cost(blob: bytes, record: dict) -> int:
+    """What a shard adds to the directory under --max-disk: its file and its entries in the rank part and manifest."""
+    return len(blob) + 2 * len(json.dumps(record, indent=1)) + 64
+
+
+def estimate_cost(tokens: int, n_samples: int, per_token: float) -> int:
+    """The pre-check's guess at a shard's cost, before its features are computed."""
+    overhead = 1024 + 48 * n_samples  # safetensors header, offsets, ids, conv ids + manifest entries
+    return math.ceil(tokens * per_token) + overhead
+
+
+def forget_missing(root: Path, log) -> None:
+    """Drop listed shards whose file is gone or has another size (deleted as the checksum error advises, or
+    replaced), so this extraction redoes their samples; the file of a wrong-sized one then goes as an orphan."""
+    gone = missing_shards(root, load_manifest(root))
+    if gone:
+        log(f"extract: {len(gone)} shard(s) the manifest lists are missing or of another size; extracting their "
+            f"samples again: " + "; ".join(list(gone.values())[:5]))
+        forget_shards(root, gone)
+
+
+def packed(rows: list[dict], rank: int, seq: int, dtype, fields, header: dict, compression: str):
+    """(bytes, manifest entry, cost under the budget) of the shard holding `rows`."""
+    tokens = sum(len(r["input_ids"]) for r in rows)
+    blob = pack_shard(rows, dtype, fields, shard_meta(header), compression)
+    record = shard_record(shard_name(rank, seq), rank, seq, rows, tokens, blob)
+    return blob, record, shard_cost(blob, record)
+
+
+def smallest_start(target, samples, index: int, fields, dtype, header, compression, device, rank: int, seq: int,
+                   per_token: float) -> int:
+    """Bytes of budget the smallest possible first shard (sample `index` alone) needs: its exact cost, or the
+    pre-check's estimate where that is larger (a shard is written only when both fit)."""
+    rows = feature_rows(target, samples, [index], fields, dtype, target.pad_id, device)
+    blob, _, exact = packed(rows, rank, seq, dtype, fields, header, compression)
+    # compressed sizes follow the values, which move in the last bits when the sample is computed in a batch
+    slack = 0 if compression == "none" else len(blob) // 100 + 64
+    return max(exact + slack, estimate_cost(len(samples[index].input_ids), 1, per_token))
+
+
+def budget_too_small(max_disk, root: Path, dir0: int, need: int, world: int, todo_tokens: int, per_token: float,
+                     num_samples: int) -> str:
+    """The message when --max-disk stops extraction before a single sample is written."""
+    smallest = dir0 + world * need  # each process gets an equal share of what the directory has left
+    each = f" for each of the {world} processes" if world > 1 else ""
+    return (f"--max-disk {max_disk} ({parse_size(max_disk):,} bytes) is too small to write even one shard, so "
+            f"nothing was written (no new shard in {root}). The directory takes {dir0:,} bytes (its "
+            f"manifest and any earlier shards) and the smallest first shard (one sample, with its manifest entries) "
+            f"needs {need:,} bytes{each}: the smallest --max-disk that lets extraction start is "
+            f"{fmt_size_up(smallest)}; all {num_samples} samples need about "
+            f"{fmt_size_up(dir0 + math.ceil(todo_tokens * per_token))} (~{per_token:,.0f} bytes/token x "
+            f"{todo_tokens:,} tokens). Re-run the same command with a larger --max-disk, or train with "
+            "data.features=stream, which needs only a bounded buffer")
+
+
 def check_compatible(existing: dict, header: dict, root: Path) -> None:
     """Refuse to resume into a directory written for another target, data, family, dtype or compression."""
     diffs = fingerprint_differences(existing["fingerprint"], header["fingerprint"])
@@ -166,6 +235,7 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
     if main:
         if not (root / "manifest.json").is_file():
             write_manifest(root, header)
+        forget_missing(root, log)
         merged = load_manifest(root)
         for p in orphan_files(root, merged):  # a shard a kill cut off from its manifest entry: redone below
             p.unlink()
@@ -180,7 +250,8 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
     mine = [s for s in manifest["shards"] if s["rank"] == rank]
     seq = 1 + max((s["seq"] for s in mine), default=-1)
     part = {"rank": rank, "shards": mine, "stopped": None}
-    share = None if budget is None else (budget - dir_bytes(root)) // world  # this rank's part of what is left
+    dir0 = dir_bytes(root)
+    share = None if budget is None else (budget - dir0) // world  # this rank's part of what is left
     per_token = sum(manifest["aux_dim"] if f == "aux" else manifest["hidden_size"] for f in fields) * \
         store_dtype.itemsize + 4 + 1  # features + int32 id + uint8 mask
     if manifest["covered_tokens"]:
@@ -200,11 +271,9 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
             tokens += len(samples[todo[pos]].input_ids)
             pos += 1
         if share is not None:
-            overhead = 1024 + 48 * len(chunk)  # safetensors header, offsets, ids, conv ids + manifest entries
-            while chunk and used + tokens * per_token + overhead > share:  # shrink the shard to what still fits
+            while chunk and used + estimate_cost(tokens, len(chunk), per_token) > share:  # shrink to what fits
                 pos -= 1
                 tokens -= len(samples[chunk.pop()].input_ids)
-                overhead = 1024 + 48 * len(chunk)
             if not chunk:
                 part["stopped"] = (f"--max-disk {max_disk}: the next sample ({len(samples[todo[pos]].input_ids)} tokens, "
                                    f"~{fmt_size(len(samples[todo[pos]].input_ids) * per_token)}) would take rank {rank} "
@@ -214,16 +283,17 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
         for group in forward_groups(samples, chunk, max_tokens, max_batch):
             rows += feature_rows(target, samples, group, fields, store_dtype, target.pad_id, device)
         rows.sort(key=lambda r: r["index"])
-        blob = pack_shard(rows, store_dtype, fields, {"format": FORMAT, "fingerprint_sha1": header["fingerprint_sha1"],
-                                                       "family": header["family"]}, compression)
-        name = shard_name(rank, seq)
-        record = {"name": name, "rank": rank, "seq": seq, "samples": [r["index"] for r in rows], "tokens": tokens,
-                  "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
-        cost = len(blob) + 2 * len(json.dumps(record, indent=1)) + 64  # the shard + its two manifest entries
+        blob, record, cost = packed(rows, rank, seq, store_dtype, fields, header, compression)
+        while share is not None and used + cost > share and len(rows) > 1:  # the estimate was low: fewer samples
+            rows = rows[:max(1, min(len(rows) - 1, int(len(rows) * (share - used) / cost)))]
+            blob, record, cost = packed(rows, rank, seq, store_dtype, fields, header, compression)
+        name = record["name"]
         if share is not None and used + cost > share:
             part["stopped"] = (f"--max-disk {max_disk}: shard {name} ({fmt_size(len(blob))}) would take rank {rank} "
                                f"past its share {fmt_size(share)} of the budget")
             break
+        pos -= len(chunk) - len(rows)  # samples dropped to fit go back to the queue (rows follow chunk's order)
+        tokens = record["tokens"]
         atomic_write(root / name, blob)
         part["shards"].append(record)
         atomic_write_json(part_path(root, rank), part)  # the shard counts as done from here on
@@ -235,6 +305,10 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
         bar.update(tokens)
     bar.close()
     elapsed, cpu_s = time.time() - start, time.process_time() - cpu0
+    need = 0  # when not one sample fit: what the smallest first shard would take, for the message
+    if part["stopped"] and new_samples == 0:
+        need = smallest_start(target, samples, todo[0], fields, store_dtype, header, compression, device, rank, seq,
+                              per_token)
     atomic_write_json(part_path(root, rank), part)
     if world > 1:
         log(f"rank {rank}: {new_samples} samples, {new_tokens} tokens in {elapsed:.1f} s "
@@ -243,13 +317,19 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
     final = load_manifest(root)
     if main:
         write_manifest(root, final)
-    totals = torch.tensor([new_tokens, new_samples], dtype=torch.long)
-    if world > 1:  # every rank's new tokens, for the overall rate
+    totals = torch.tensor([new_tokens, new_samples, todo_tokens], dtype=torch.long)
+    needs = torch.tensor([need], dtype=torch.long)
+    if world > 1:  # every rank's new tokens, for the overall rate, and the largest first shard
         import torch.distributed as dist
 
-        totals = totals.to(device)
+        totals, needs = totals.to(device), needs.to(device)
         dist.all_reduce(totals)
-        totals = totals.cpu()
+        dist.all_reduce(needs, op=dist.ReduceOp.MAX)
+        totals, needs = totals.cpu(), needs.cpu()
+    if final["stopped"] and int(totals[1]) == 0:  # every rank raises alike: none is left waiting
+        # measured now: the manifest keeps this run's notes, so the next run starts from about this size
+        raise ConfigError(budget_too_small(max_disk, root, dir_bytes(root), int(needs[0]), world, int(totals[2]),
+                                           per_token, final["fingerprint"]["data"]["num_samples"]))
     summary = {"dir": str(root), "new_tokens": int(totals[0]), "new_samples": int(totals[1]), "seconds": round(elapsed, 2),
                "cpu_seconds": round(cpu_s, 2),  # this process's CPU time: a rate that other jobs on the cores do not skew
                "tok_per_s": round(int(totals[0]) / max(elapsed, 1e-9), 1), "processes": world,
@@ -285,17 +365,23 @@ def main(argv: list[str]) -> int:
                    help="check DIR's shards (checksum, shapes, sample ids, fingerprint); with overrides, also "
                         "against that run's target and data")
     args = p.parse_args(argv)
-    try:
-        if args.validate:
-            return run_validate(args.validate, args.overrides)
-        cfg = compose(args.overrides)
-        out = args.out or cfg.data.get("features_dir")
-        if not out:
-            p.error("--out DIR (or data.features_dir=DIR) is required")
-        extract(cfg, out, args.max_disk, args.dtype, args.shard_size, compression=args.compress)
-    except ShardError as e:
-        print(f"draftsmith extract: {e}", file=sys.stderr)
-        return 1
+    # a budget too small to start (exit 2), a bad directory (exit 1): one paragraph. A budget that stops the run
+    # part way exits 0: what was written is kept and the same command with a larger budget carries on.
+    return handle_errors("draftsmith extract", lambda: run_main(p, args))
+
+
+def run_main(p: argparse.ArgumentParser, args) -> int:
+    """`draftsmith extract` after argument parsing: validate a directory, or extract into one."""
+    if args.validate:
+        return run_validate(args.validate, args.overrides)
+    from draftsmith.train.config import validate_config
+
+    cfg = compose(args.overrides)
+    validate_config(cfg)  # the same checks as training: a bad key fails here, naming it
+    out = args.out or cfg.data.get("features_dir")
+    if not out:
+        p.error("--out DIR (or data.features_dir=DIR) is required")
+    extract(cfg, out, args.max_disk, args.dtype, args.shard_size, compression=args.compress)
     return 0
 
 

@@ -7,7 +7,8 @@ then costs only the head: on SmolLM2 + a 2-core CPU the target forward is ~55 % 
 Memory: (n_aux + 1) * H values per token in the target's dtype, 4.6 KB/token for SmolLM2 in bf16.
 
 `offline` reads the same two tensors per sample from shards `draftsmith extract` wrote (data.features_dir), after
-checking they were extracted for this run's target, aux layers, tokenizer and samples. `stream` runs the target
+checking they were extracted for this run's target, aux layers, tokenizer and samples (and, as each shard is first
+read, that its bytes are still the ones extracted: size and sha256 against the manifest). `stream` runs the target
 in a producer thread ahead of the trainer into a disk buffer bounded by data.max_disk (train/stream.py).
 Every mode hands the objective the same tensors: stored features are cast back to the target's dtype and the
 logits rebuilt from `last`, so a batch's loss is the same whichever mode produced its features.
@@ -76,7 +77,9 @@ class FeatureSource:
             # the shard must hold this run's sample i: the same tokens (features depend on nothing else; which
             # rows are supervised is the loss's business, e.g. data.supervise=all widens the batch's mask)
             if r["input_ids"].shape[0] != n or not torch.equal(r["input_ids"], ids_cpu[b, :n]):
-                raise ValueError(f"{self.disk.root / r['shard']}: sample {i} holds other tokens than this run's sample "
+                from draftsmith.train.shards import ShardError
+
+                raise ShardError(f"{self.disk.root / r['shard']}: sample {i} holds other tokens than this run's sample "
                                  f"{i} (run `draftsmith extract --validate {self.disk.root}` with this run's overrides)")
             out.append((r.get("aux"), r["last"]))
         return out
@@ -111,7 +114,8 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
     resumable like `draftsmith extract` (a kill keeps the finished shards)."""
     from draftsmith.assets import cache_dir
     from draftsmith.train.extract import extract
-    from draftsmith.train.shards import DTYPE_NAMES, DTYPES, fingerprint_sha1, load_manifest, run_fingerprint
+    from draftsmith.train.shards import (DTYPE_NAMES, DTYPES, ShardError, fingerprint_sha1, load_manifest,
+                                         missing_shards, run_fingerprint)
 
     dtype = cfg.data.get("features_dtype", "auto")
     if dtype != "auto" and dtype not in DTYPES:
@@ -119,13 +123,22 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
     name = DTYPE_NAMES[next(target.parameters()).dtype] if dtype == "auto" else dtype
     digest = fingerprint_sha1(run_fingerprint(cfg, target, data.train, tokenizer))[:16]
     root = cache_dir() / "features" / f"{digest}-{cfg.head.family}-{name}"  # the families store different fields
-    # the merged view (manifest + every rank's part): a kill between a part and the manifest counts what it wrote
-    if (root / "manifest.json").is_file() and load_manifest(root)["complete"]:
-        log(f"features: extracted earlier, {root}")
-        return str(root)
+    # the merged view (manifest + every rank's part): a kill between a part and the manifest counts what it wrote;
+    # a listed shard deleted since (a bad one, as the checksum error advises) sends the run back to extraction
+    if (root / "manifest.json").is_file():
+        manifest = load_manifest(root)
+        if manifest["complete"] and not missing_shards(root, manifest):
+            log(f"features: extracted earlier, {root}")
+            return str(root)
     log(f"features: extracting the target's features for {len(data.train)} training samples once, into {root} "
         f"(not counted in optim.max_minutes; later runs with the same target and data reuse them)")
-    extract(cfg, root, dtype=name, log=log, inputs=(target, tokenizer, data, vocab), accelerator=accelerator)
+    summary = extract(cfg, root, dtype=name, log=log, inputs=(target, tokenizer, data, vocab), accelerator=accelerator)
+    if not summary["complete"]:
+        why = "; ".join((summary["stopped"] or {}).values()) or "the extraction stopped early"
+        raise ShardError(f"data.features=offline: extracting this run's features into {root} covered "
+                         f"{summary['covered_samples']} of {summary['num_samples']} training samples ({why}), so "
+                         "training did not start. Run the same command again to carry on (the finished shards are "
+                         "kept), or train with data.features=online or stream, which need no features on disk")
     return str(root)
 
 
@@ -134,14 +147,16 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
     mode = cfg.data.features
     if mode in ("online", "memory"):
         return FeatureSource(target, vocab_ids, mode)
+    from draftsmith.errors import ConfigError
     from draftsmith.train.shards import FAMILY_FIELDS, ShardError, parse_size
 
     if mode == "offline":
-        from draftsmith.train.shards import ShardStore, fingerprint_differences, load_manifest, run_fingerprint
+        from draftsmith.train.shards import (ShardStore, fingerprint_differences, load_manifest, missing_shards,
+                                             redo_advice, run_fingerprint)
 
         root = cfg.data.get("features_dir")
         if not root:
-            raise ValueError("data.features=offline needs data.features_dir=DIR (written by `draftsmith extract`)")
+            raise ConfigError("data.features=offline needs data.features_dir=DIR (written by `draftsmith extract`)")
         manifest = load_manifest(root)
         tokenizer = None
         try:
@@ -163,6 +178,10 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
             raise ShardError(f"data.features_dir={root} covers {manifest['covered_samples']} of "
                              f"{manifest['fingerprint']['data']['num_samples']} training samples{why}; finish it by "
                              f"re-running the same `draftsmith extract` (with a larger --max-disk), or use data.features=stream")
+        gone = missing_shards(root, manifest)  # a stat per shard; the sha256 is checked as each shard is first read
+        if gone:
+            raise ShardError(f"data.features_dir={root}: {len(gone)} shard(s) the manifest lists are missing or of "
+                             f"another size ({'; '.join(list(gone.values())[:5])}). " + redo_advice(root))
         return FeatureSource(target, vocab_ids, mode, disk=ShardStore(root, manifest))
     if mode == "stream":
         from draftsmith.train.loop import epoch_batches

@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,15 +17,45 @@ from accelerate.utils import DistributedType
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from draftsmith.errors import DraftsmithError, Interrupted
+from draftsmith.errors import ConfigError
 from draftsmith.train.checkpoint import (CheckpointError, check_same_head, load_head, load_trainer_state,
-                                         resolve_checkpoint, rng_state, save_checkpoint, set_rng_state)
+                                         resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
+                                         trim_metrics)
 from draftsmith.train.data.dataset import collate, make_batches
 from draftsmith.train.features import build_feature_source
 from draftsmith.train.objective import build_objective
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(DraftsmithError, RuntimeError):
     """The loss went NaN/inf; the last good checkpoint is kept."""
+
+
+class StopOnInterrupt:
+    """Ctrl-C during training finishes the step, saves a checkpoint and stops; a second Ctrl-C stops at once.
+
+    The flag is summed over ranks with the step's other figures, so every rank stops after the same step.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def _handler(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nCtrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again stops at once)",
+              file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "StopOnInterrupt":
+        if threading.current_thread() is threading.main_thread():  # signal handlers live on the main thread only
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def print0(accelerator, *args) -> None:
@@ -107,12 +140,12 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
     world, accum = accelerator.num_processes, cfg.optim.grad_accum
     if accum < 1:
-        raise ValueError(f"optim.grad_accum={accum}: must be >= 1")
+        raise ConfigError(f"optim.grad_accum={accum}: must be >= 1")
     if cfg.data.supervise not in ("assistant", "all"):
-        raise ValueError(f"data.supervise={cfg.data.supervise!r}: expected assistant | all")
+        raise ConfigError(f"data.supervise={cfg.data.supervise!r}: expected assistant | all")
     per_epoch = len(epoch_batches(data, cfg, 0, accelerator.process_index, world)) // accum
     if per_epoch == 0:
-        raise ValueError(f"no training batches: {len(data.train)} samples for {world} processes x {accum} micro-batches")
+        raise ConfigError(f"no training batches: {len(data.train)} samples for {world} processes x {accum} micro-batches")
     total = total_steps(cfg, data, per_epoch, accelerator.num_processes)
     clock = {"time_frac": 0.0}  # share of optim.max_minutes used, read by the schedule
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -122,7 +155,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         # DeepSpeed steps inside backward, so it cannot see our micro-batch groups; batches are token-bucketed,
         # so its micro-batch size (used only for its throughput log) is nominal
         if accum > 1:
-            raise ValueError("optim.grad_accum > 1 is not supported under DeepSpeed; use more processes or ddp/fsdp")
+            raise ConfigError("optim.grad_accum > 1 is not supported under DeepSpeed; use more processes or ddp/fsdp")
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
     model, optimizer = accelerator.prepare(objective.wrap(head), optimizer)
     raw = accelerator.unwrap_model(model).head
@@ -134,7 +167,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         state = load_trainer_state(ckpt)
         group = state.get("global_batch", world * accum)
         if group != world * accum:  # the data position counts optimizer steps of `group` micro-batches
-            raise ValueError(f"{ckpt} was trained with {group} micro-batches per optimizer step (processes x "
+            raise CheckpointError(f"{ckpt} was trained with {group} micro-batches per optimizer step (processes x "
                              f"optim.grad_accum); this run has {world} x {accum}: set optim.grad_accum={group // world}"
                              if group % world == 0 else f"{ckpt}: global batch {group} is not divisible by {world} processes")
         meta, weights = load_head(ckpt)
@@ -151,11 +184,8 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         step, epoch, cursor, tokens = state["step"], state["epoch"], state["cursor"], state["tokens"]
         prior_s = state.get("elapsed_s", 0.0)  # training time before the resume counts against max_minutes
         set_rng_state(state["rng"])
-        log_file = run_dir / "metrics.jsonl"
-        if accelerator.is_main_process and log_file.exists():  # a kill mid-write leaves a torn last line: drop it
-            text = log_file.read_bytes()
-            if text and not text.endswith(b"\n"):
-                log_file.write_bytes(text[: text.rfind(b"\n") + 1])
+        if accelerator.is_main_process:  # lines a kill left past the checkpoint (steps redone now), a torn one
+            trim_metrics(run_dir / "metrics.jsonl", step)
         print0(accelerator, f"resumed from {ckpt} at step {step} (epoch {epoch}, batch {cursor})")
 
     def save(metrics: dict) -> None:
@@ -184,71 +214,81 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     deadline = start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
     bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not accelerator.is_main_process, dynamic_ncols=True)
     model.train()
-    done = step >= total
-    while not done:
-        batches = epoch_batches(data, cfg, epoch, accelerator.process_index, world)
-        while cursor < len(batches) // accum and not done:
-            micro = batches[cursor * accum:(cursor + 1) * accum]
-            collated = [{k: v.to(device) for k, v in collate([data.train[i] for i in idx], target.pad_id).items()}
-                        for idx in micro]
-            if cfg.data.supervise == "all":  # prompt rows too: the target's distribution is known at every position
-                for b in collated:
-                    b["loss_mask"] = b["attention_mask"].to(b["loss_mask"].dtype)
-            # Each step's loss is the mean over every supervised token of the global batch (all ranks, all
-            # micro-batches), not a mean of per-rank means: ranks see different token counts.
-            local = torch.stack([torch.cat([objective.supervised_counts(b["loss_mask"]), b["loss_mask"].sum()[None]])
-                                 for b in collated]).sum(0)  # [K + 1]: scored positions per step/head, supervised tokens
-            counts = accelerator.reduce(local, "sum")
-            optimizer.zero_grad(set_to_none=True)
-            sums = None
-            for j, (idx, batch) in enumerate(zip(micro, collated)):
-                # no grad: the target is frozen; logits only over what the objective needs (draft vocab | none)
-                feats = features(idx, batch)
-                sync = contextlib.nullcontext() if j == accum - 1 else accelerator.no_sync(model)
-                with sync:
-                    with accelerator.autocast():
-                        out = objective(model, feats, batch, denoms=counts[:-1])
-                    # DDP/FSDP average gradients over ranks; each rank's loss is its share of the global mean
-                    accelerator.backward(out.loss * world)
-                part = torch.stack([out.loss.detach().float(), *[x.float() for x in out.losses],
-                                    *[a.float() for a in out.accs]])  # [1 + 2K], each a share of the global mean
-                sums = part if sums is None else sums + part
-            # one collective for the logged figures and the clock, so every rank takes the same stop decision
-            totals = accelerator.reduce(torch.cat([sums, torch.tensor([time.time() - start], device=sums.device)]), "sum")
-            loss, K = totals[0], (len(totals) - 2) // 2
-            if not torch.isfinite(loss):
-                ids = [data.train[i].conv_id for idx in micro for i in idx]
-                raise NonFiniteLoss(f"loss is {loss.item()} at step {step} (epoch {epoch}, batch {cursor}, "
-                                    f"conversations on rank {accelerator.process_index}: {ids[:8]}); weights not updated, "
-                                    f"last good checkpoint kept in {run_dir}/checkpoints")
-            grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.grad_clip)
-            optimizer.step()
-            elapsed = float(totals[-1]) / world  # the ranks' mean clock: identical on every rank
-            if cfg.optim.max_minutes:
-                clock["time_frac"] = elapsed / (60 * cfg.optim.max_minutes)
-            scheduler.step()
-            step, cursor = step + 1, cursor + 1
-            tokens += int(counts[-1])  # supervised tokens over all ranks
-            last_step = done = (step >= total or (deadline is not None and start + elapsed >= deadline)
-                                or (cfg.optim.max_tokens is not None and tokens >= cfg.optim.max_tokens))
-            if step % cfg.log_every == 0 or last_step:
-                metrics = {"step": step, "epoch": epoch, "tokens": tokens, "loss": loss.item(),
-                           "lr": scheduler.get_last_lr()[0], "grad_norm": None if grad_norm is None else float(grad_norm),
-                           "acc": [round(a.item(), 4) for a in totals[1 + K:1 + 2 * K]],
-                           "losses": [round(x.item(), 4) for x in totals[1:1 + K]], "tok_per_s": tokens / max(elapsed, 1e-9),
-                           "elapsed_s": elapsed, "target_tokens": features.computed_tokens}
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}", tok_s=f"{metrics['tok_per_s']:.0f}")
-                log(metrics)
-            if (cfg.eval_every and step % cfg.eval_every == 0) or last_step:
-                last_eval = evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast) if data.heldout else {}
-                print0(accelerator, f"\n[eval step {step}] acc per step {[round(a, 3) for a in last_eval.get('eval/acc', [])]}, "
-                                    f"simulated accept length {last_eval.get('eval/sim_accept_len', 0):.3f}")
-                log({"step": step, **last_eval})
-            if (cfg.save_every and step % cfg.save_every == 0) or last_step:
-                save({**metrics, **last_eval})
-            bar.update(1)
-        if cursor >= len(batches) // accum:
-            epoch, cursor = epoch + 1, 0
+    done, interrupted, first_step = step >= total, False, step
+    with bar, StopOnInterrupt() as stop:  # the bar closes (ends its line) before any error prints
+        while not done:
+            batches = epoch_batches(data, cfg, epoch, accelerator.process_index, world)
+            while cursor < len(batches) // accum and not done:
+                micro = batches[cursor * accum:(cursor + 1) * accum]
+                collated = [{k: v.to(device) for k, v in collate([data.train[i] for i in idx], target.pad_id).items()}
+                            for idx in micro]
+                if cfg.data.supervise == "all":  # prompt rows too: the target's distribution is known at every position
+                    for b in collated:
+                        b["loss_mask"] = b["attention_mask"].to(b["loss_mask"].dtype)
+                # Each step's loss is the mean over every supervised token of the global batch (all ranks, all
+                # micro-batches), not a mean of per-rank means: ranks see different token counts.
+                local = torch.stack([torch.cat([objective.supervised_counts(b["loss_mask"]), b["loss_mask"].sum()[None]])
+                                     for b in collated]).sum(0)  # [K + 1]: scored positions per step/head, supervised tokens
+                counts = accelerator.reduce(local, "sum")
+                optimizer.zero_grad(set_to_none=True)
+                sums = None
+                for j, (idx, batch) in enumerate(zip(micro, collated)):
+                    # no grad: the target is frozen; logits only over what the objective needs (draft vocab | none)
+                    feats = features(idx, batch)
+                    sync = contextlib.nullcontext() if j == accum - 1 else accelerator.no_sync(model)
+                    with sync:
+                        with accelerator.autocast():
+                            out = objective(model, feats, batch, denoms=counts[:-1])
+                        # DDP/FSDP average gradients over ranks; each rank's loss is its share of the global mean
+                        accelerator.backward(out.loss * world)
+                    part = torch.stack([out.loss.detach().float(), *[x.float() for x in out.losses],
+                                        *[a.float() for a in out.accs]])  # [1 + 2K], each a share of the global mean
+                    sums = part if sums is None else sums + part
+                # one collective for the logged figures, the clock and Ctrl-C, so every rank takes the same stop decision
+                clock_and_stop = torch.tensor([time.time() - start, float(stop.requested)], device=sums.device)
+                totals = accelerator.reduce(torch.cat([sums, clock_and_stop]), "sum")
+                loss, K = totals[0], (len(totals) - 3) // 2
+                if not torch.isfinite(loss):
+                    ids = [data.train[i].conv_id for idx in micro for i in idx]
+                    raise NonFiniteLoss(f"loss is {loss.item()} at step {step} (epoch {epoch}, batch {cursor}, "
+                                        f"conversations on rank {accelerator.process_index}: {ids[:8]}); weights not updated, "
+                                        f"last good checkpoint kept in {run_dir}/checkpoints")
+                grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.grad_clip)
+                optimizer.step()
+                elapsed = float(totals[-2]) / world  # the ranks' mean clock: identical on every rank
+                interrupted = bool(totals[-1] > 0)
+                if cfg.optim.max_minutes:
+                    clock["time_frac"] = elapsed / (60 * cfg.optim.max_minutes)
+                scheduler.step()
+                step, cursor = step + 1, cursor + 1
+                tokens += int(counts[-1])  # supervised tokens over all ranks
+                last_step = done = (step >= total or (deadline is not None and start + elapsed >= deadline)
+                                    or (cfg.optim.max_tokens is not None and tokens >= cfg.optim.max_tokens) or interrupted)
+                if step % cfg.log_every == 0 or last_step:
+                    metrics = {"step": step, "epoch": epoch, "tokens": tokens, "loss": loss.item(),
+                               "lr": scheduler.get_last_lr()[0], "grad_norm": None if grad_norm is None else float(grad_norm),
+                               "acc": [round(a.item(), 4) for a in totals[1 + K:1 + 2 * K]],
+                               "losses": [round(x.item(), 4) for x in totals[1:1 + K]], "tok_per_s": tokens / max(elapsed, 1e-9),
+                               "elapsed_s": elapsed, "target_tokens": features.computed_tokens}
+                    bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}", tok_s=f"{metrics['tok_per_s']:.0f}")
+                    log(metrics)
+                if (cfg.eval_every and step % cfg.eval_every == 0) or (last_step and not interrupted):
+                    last_eval = evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast) if data.heldout else {}
+                    print0(accelerator, f"\n[eval step {step}] acc per step {[round(a, 3) for a in last_eval.get('eval/acc', [])]}, "
+                                        f"simulated accept length {last_eval.get('eval/sim_accept_len', 0):.3f}")
+                    log({"step": step, **last_eval})
+                if (cfg.save_every and step % cfg.save_every == 0) or last_step:
+                    save({**metrics, **last_eval})
+                if deadline is not None and step > first_step:  # the clock may bind before the step budget: show that
+                    rate = (step - first_step) / max(elapsed - prior_s, 1e-9)  # steps per second this session
+                    bar.total = max(step, min(total, step + int(rate * max(0.0, deadline - start - elapsed))))
+                bar.update(1)
+            if cursor >= len(batches) // accum:
+                epoch, cursor = epoch + 1, 0
     bar.close()
+    if interrupted:
+        features.close()
+        raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved in {run_dir}/checkpoints; "
+                          f"continue exactly from it with resume=auto (same command).")
     features.close()  # stream: stop the producer, empty its buffer
     return {**metrics, **last_eval}

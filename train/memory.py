@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.errors import ConfigError
+
 GiB = 1024**3
 LAYOUTS = {  # what each layout shards over the processes: (params, grads, optimizer state)
     "ddp": (False, False, False),
@@ -52,7 +54,7 @@ def target_config(cfg):
     if (path / "config.json").is_file():
         return AutoConfig.from_pretrained(path)
     if not cfg.get("arch"):
-        raise ValueError(f"dry run: no local config.json for target {cfg.name_or_path!r} and no target.arch in the "
+        raise ConfigError(f"dry run: no local config.json for target {cfg.name_or_path!r} and no target.arch in the "
                          f"preset; add the architecture numbers to conf/target/*.yaml (see llama3_8b.yaml)")
     arch = dict(cfg.arch)
     return AutoConfig.for_model(arch.pop("model_type"), hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,

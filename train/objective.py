@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.errors import ConfigError
 from draftsmith.train.ttt.unroll import Unrolled, shift_left
 
 
@@ -141,4 +142,4 @@ def build_objective(cfg):
         return EagleObjective(cfg)
     if cfg.family == "mlp_speculator":
         return MLPObjective(cfg)
-    raise ValueError(f"head.family={cfg.family!r}: expected eagle3 | mlp_speculator")
+    raise ConfigError(f"head.family={cfg.family!r}: expected eagle3 | mlp_speculator")

@@ -8,12 +8,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
+import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from draftsmith.train.config import register_configs
 
@@ -30,13 +30,31 @@ def git_sha() -> str:
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    from draftsmith.errors import handle_errors
+
+    result: dict = {}
+
+    def go() -> None:
+        result.update(run(cfg))
+
+    # a project error, Ctrl-C or a full disk: one message (Hydra would print a 15-40 line traceback around it)
+    code = handle_errors("train", go)
+    if code:
+        sys.exit(code)
+    return result
+
+
+def run(cfg: DictConfig) -> dict:
     import torch
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
     from draftsmith.train.build import build_data_and_vocab, build_head, build_target, fast_bf16
+    from draftsmith.train.checkpoint import prepare_run_dir
+    from draftsmith.train.config import validate_config
     from draftsmith.train.loop import print0, train
 
+    validate_config(cfg)
     if cfg.dry_run:  # shapes only: no weights, no data, no accelerator
         from draftsmith.train.memory import report
 
@@ -47,6 +65,12 @@ def main(cfg: DictConfig) -> dict:
     accelerator = Accelerator(mixed_precision=("bf16" if fast_bf16(device) else "no") if mp == "auto" else mp)
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
+    # before anything is written: a fresh run never mixes with (or prunes) an earlier run's checkpoints
+    resume = prepare_run_dir(run_dir, cfg.resume, cfg.overwrite, accelerator.is_main_process,
+                             log=lambda *a: print0(accelerator, *a))
+    if resume != cfg.resume:
+        with open_dict(cfg):
+            cfg.resume = resume
 
     def save_config() -> None:
         if accelerator.is_main_process:
@@ -54,7 +78,7 @@ def main(cfg: DictConfig) -> dict:
 
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(os.sys.argv)}\n")
+        (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(sys.argv)}\n")
     save_config()
     target, target_path = build_target(cfg.target, accelerator.device)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
@@ -65,8 +89,6 @@ def main(cfg: DictConfig) -> dict:
 
         data = build_stage2_data(cfg, data, target_path, cache_dir(), log=lambda *a: print0(accelerator, *a))
     if cfg.data.features == "offline" and not cfg.data.get("features_dir"):
-        from omegaconf import open_dict
-
         from draftsmith.train.features import ensure_offline_features
 
         with open_dict(cfg):

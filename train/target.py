@@ -11,13 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.errors import ConfigError
+
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high picks in vLLM's convention: (2, n//2, n-3)."""
     ids = [2, num_layers // 2, num_layers - 3]
     if len(set(ids)) != 3 or min(ids) < 0:
         # a shallow target would repeat a layer, and vLLM crashes at start-up on repeated ids
-        raise ValueError(f"target has {num_layers} layers: default aux layers {ids} collide; set target.aux_layer_ids")
+        raise ConfigError(f"target has {num_layers} layers: default aux layers {ids} collide; set target.aux_layer_ids")
     return ids
 
 
@@ -43,7 +45,7 @@ class Target(nn.Module):
         self.pad_id = pad if pad is not None else (cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0)
         bad = [i for i in self.aux_layer_ids if not 0 <= i < n]
         if bad:
-            raise ValueError(f"aux layer ids {bad} out of range for a target with {n} decoder layers")
+            raise ConfigError(f"aux layer ids {bad} out of range for a target with {n} decoder layers")
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, aux_layer_ids=None, dtype: torch.dtype = torch.float32) -> "Target":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from draftsmith.errors import ConfigError
 from draftsmith.train.data.render import Sample
 
 
@@ -45,7 +46,7 @@ def build_stage2_data(cfg, data, target_path: str, cache_root, log=print):
     s2 = cfg.stage2
     prompts = stage2_prompts(data.train, s2.num_prompts, s2.prompt_tokens, s2.seed)
     if not prompts:
-        raise ValueError("stage 2: no training sample has an assistant turn to cut a prompt before")
+        raise ConfigError("stage 2: no training sample has an assistant turn to cut a prompt before")
     train: list[Sample] = []
     for temp in s2.temperatures:
         outs = cached_generate(target_path, [p for _, p in prompts], s2.max_tokens, float(temp), s2.seed,

@@ -11,11 +11,13 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from draftsmith.errors import DraftsmithError
 from tqdm.auto import tqdm
 
 ROLE_MAP = {
@@ -29,7 +31,7 @@ MAX_RECORD_CHARS = 256 << 20  # a "record" this large without closing is a broke
 MAX_EXAMPLES = 5
 
 
-class DataError(ValueError):
+class DataError(DraftsmithError, ValueError):
     """Bad input data; the message names the file and the record."""
 
 
@@ -189,77 +191,136 @@ def _first_char(p: Path) -> str:
     return head[:1].decode("ascii", errors="replace")
 
 
-def _iter_json_array(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
-    """Stream the elements of a top-level JSON array with raw_decode; a truncated tail is dropped with a warning."""
-    decoder = json.JSONDecoder()
-    utf8 = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
-    buf, pos, eof, index = "", 0, False, 0
-    base = 0  # characters dropped from the front of buf so far (for error offsets)
-    total = p.stat().st_size
-    with open(p, "rb") as f, tqdm(total=total, unit="B", unit_scale=True, desc=f"read {p.name}", leave=False) as bar:
+class _ArrayText:
+    """A JSON array file decoded a chunk at a time: the text buffer, a position in it, and line bookkeeping."""
 
-        def more() -> bool:
-            nonlocal buf, pos, base
-            raw = f.read(CHUNK_CHARS)
-            bar.update(len(raw))
-            if pos > CHUNK_CHARS:  # drop consumed text so the buffer stays about one record long
-                base += pos
-                buf, pos = buf[pos:], 0
-            buf += utf8.decode(raw, final=not raw)
-            return bool(raw)
+    def __init__(self, f, bar):
+        self.f, self.bar = f, bar
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        self.buf, self.pos, self.eof = "", 0, False
+        self.base = 0  # characters dropped from the front of buf so far (for error offsets)
+        self.lines, self.col0 = 0, 0  # newlines in the dropped text, characters after its last newline
 
-        def skip_ws() -> bool:
-            """Advance past whitespace; False at the end of the file."""
-            nonlocal pos, eof
-            while True:
-                while pos < len(buf) and buf[pos] in " \t\r\n\ufeff":
-                    pos += 1
-                if pos < len(buf):
-                    return True
-                if eof or not more():
-                    eof = True
-                    return False
+    def more(self) -> bool:
+        """Append the next chunk; False at the end of the file (eof is then set and the decoder flushed)."""
+        if self.eof:
+            return False
+        raw = self.f.read(CHUNK_CHARS)
+        self.bar.update(len(raw))
+        if self.pos > CHUNK_CHARS:  # drop consumed text so the buffer stays about one record long
+            dropped = self.buf[:self.pos]
+            nl = dropped.rfind("\n")
+            self.lines += dropped.count("\n")
+            self.col0 = len(dropped) - nl - 1 if nl >= 0 else self.col0 + len(dropped)
+            self.base += self.pos
+            self.buf, self.pos = self.buf[self.pos:], 0
+        self.buf += self.utf8.decode(raw, final=not raw)
+        self.eof = not raw
+        return bool(raw)
 
-        if not skip_ws() or buf[pos] != "[":
-            raise DataError(f"{p}: expected a JSON array ('[') at the start of the file")
-        pos += 1
-        first = True
+    def skip_ws(self) -> bool:
+        """Advance past whitespace; False at the end of the file."""
         while True:
-            if not skip_ws():
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n\ufeff":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return True
+            if not self.more():
+                return False
+
+    def where(self, i: int) -> str:
+        """'line L column C' (1-based, in characters) of buffer position i, counting the dropped text too."""
+        nl = self.buf.rfind("\n", 0, i)
+        line = self.lines + self.buf.count("\n", 0, i) + 1
+        return f"line {line} column {i - nl if nl >= 0 else self.col0 + i + 1}"
+
+
+# a string token, the group set when it closes; and the brackets and commas outside strings
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(")?|[\[\]{},]', re.S)
+# a "string" that runs to the end of the file yet ends by closing a record and the array: a stray or missing quote
+_CLOSED_TAIL = re.compile(r"}\s*]\s*\Z")
+
+
+def _record_closes(text: str) -> bool:
+    """Whether the record that starts `text` closes before the text ends (its brackets balance outside strings).
+
+    At the end of a file this tells a syntax error (the record closed, more text follows the error) from a file
+    cut off inside its last record (the text ends before the record closes).
+    """
+    depth = 0
+    for m in _TOKENS.finditer(text):
+        tok = m.group()
+        if tok[0] == '"':
+            if m.group(1) is None:  # a string running to the end of the file
+                return bool(_CLOSED_TAIL.search(text))
+        elif tok in "[{":
+            depth += 1
+        elif tok in "]}":
+            depth -= 1
+            if depth <= 0:  # the record closed (or a scalar record met the array's end)
+                return True
+        elif depth == 0:  # a comma after a scalar record
+            return True
+    return False
+
+
+def _decode_record(s: _ArrayText, decoder: json.JSONDecoder, where: str) -> tuple[bool, Any]:
+    """(True, the record at s.pos), reading more text as needed; (False, None) if the file ends inside it."""
+    while True:
+        try:
+            obj, s.pos = decoder.raw_decode(s.buf, s.pos)
+            return True, obj
+        except RecursionError:
+            raise DataError(f"{where}: malformed JSON at {s.where(s.pos)}: nested too deeply") from None
+        except json.JSONDecodeError as e:
+            # an incomplete record fails at (or just before) the buffer's end, or inside a long string: read on
+            incomplete = e.msg.startswith("Unterminated string") or e.pos >= len(s.buf) - 16
+            if incomplete and not s.eof:
+                if len(s.buf) - s.pos > MAX_RECORD_CHARS:
+                    raise DataError(f"{where}: record longer than {MAX_RECORD_CHARS} characters without closing "
+                                    f"(it starts at {s.where(s.pos)})") from None
+                s.more()
+                continue  # retried with the whole file once at its end
+            if s.eof and not _record_closes(s.buf[s.pos:]):
+                return False, None  # cut off: the file ends before the record closes
+            raise DataError(f"{where}: malformed JSON at {s.where(e.pos)} (character {s.base + e.pos}): {e.msg}. "
+                            "The text goes on after it, so this is a syntax error, not a cut-off file: fix or "
+                            "delete that record and run again") from None
+
+
+def _iter_json_array(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
+    """Stream the elements of a top-level JSON array with raw_decode; a truncated tail is dropped with a warning.
+
+    Truncated means the file ends inside its last record or between records (no closing ']'); a syntax error
+    with more text after it is fatal, naming the record, line and column.
+    """
+    decoder = json.JSONDecoder()
+    with open(p, "rb") as f, tqdm(total=p.stat().st_size, unit="B", unit_scale=True, desc=f"read {p.name}",
+                                  leave=False) as bar:
+        s = _ArrayText(f, bar)
+        if not s.skip_ws() or s.buf[s.pos] != "[":
+            raise DataError(f"{p}: expected a JSON array ('[') at the start of the file")
+        s.pos += 1
+        index = 0
+        while True:
+            if not s.skip_ws():
                 break  # ended between records: the closing ']' is missing
-            if buf[pos] == "]":
+            if s.buf[s.pos] == "]":
                 return
-            if not first:
-                if buf[pos] != ",":
-                    raise DataError(f"{p}:record {index}: expected ',' or ']' at character {base + pos}, "
-                                    f"found {buf[pos]!r}")
-                pos += 1
-                if not skip_ws():
+            if index:
+                if s.buf[s.pos] != ",":
+                    raise DataError(f"{p}:record {index}: malformed JSON at {s.where(s.pos)} (character "
+                                    f"{s.base + s.pos}): expected ',' or ']' after record {index - 1}, found "
+                                    f"{s.buf[s.pos]!r}; fix the file there and run again")
+                s.pos += 1
+                if not s.skip_ws():
                     break
-            first = False
-            while True:
-                try:
-                    obj, end = decoder.raw_decode(buf, pos)
-                    break
-                except RecursionError:
-                    raise DataError(f"{p}:record {index}: malformed JSON: nested too deeply") from None
-                except json.JSONDecodeError as e:
-                    # An incomplete record fails at (or just before) the buffer's end, or inside a long
-                    # string; anything else is a syntax error that more data will not fix.
-                    incomplete = e.msg.startswith("Unterminated string") or e.pos >= len(buf) - 16
-                    if not incomplete:
-                        raise DataError(f"{p}:record {index}: malformed JSON at character "
-                                        f"{base + e.pos}: {e.msg}") from None
-                    if len(buf) - pos > MAX_RECORD_CHARS:
-                        raise DataError(f"{p}:record {index}: record longer than {MAX_RECORD_CHARS} "
-                                        f"characters without closing") from None
-                    if eof or not more():
-                        eof = True
-                        stats.truncated = True
-                        warnings.warn(f"{p}: the file ended mid-record (record {index}); "
-                                      f"kept the {index} complete records before it", stacklevel=3)
-                        return
-            pos = end
+            complete, obj = _decode_record(s, decoder, f"{p}:record {index}")
+            if not complete:
+                stats.truncated = True
+                warnings.warn(f"{p}: the file ended mid-record (record {index}); "
+                              f"kept the {index} complete records before it", stacklevel=3)
+                return
             yield obj, f"{p}:record {index}"
             index += 1
     stats.truncated = True

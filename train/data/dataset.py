@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.errors import ConfigError
 from draftsmith.train.data.conversations import Conversation, DataError, ReadStats, read_conversations, resolve_path, split_heldout
 from draftsmith.train.data.render import Sample, render_many, truncate
 from draftsmith.train.data.vocab import count_supervised
@@ -136,7 +137,7 @@ def heldout_prompt(conv: Conversation) -> dict:
 
 def _build(cfg, tokenizer) -> PreparedData:
     if cfg.heldout < 0 or cfg.max_length <= 0 or (cfg.num_conversations is not None and cfg.num_conversations < 0):
-        raise ValueError(f"bad data config: heldout={cfg.heldout}, max_length={cfg.max_length}, "
+        raise ConfigError(f"bad data config: heldout={cfg.heldout}, max_length={cfg.max_length}, "
                          f"num_conversations={cfg.num_conversations}")
     window = max(HELDOUT_WINDOW, cfg.heldout)
     limit = None if cfg.num_conversations is None else max(cfg.num_conversations + cfg.heldout, window)
@@ -210,7 +211,7 @@ def make_batches(lengths: list[int], max_tokens: int, max_batch_size: int, seed:
     too_long = [(i, n) for i, n in enumerate(lengths) if n > max_tokens]
     if too_long:
         i, n = too_long[0]
-        raise ValueError(f"{len(too_long)} samples are longer than max_tokens={max_tokens} (e.g. sample {i}: "
+        raise ConfigError(f"{len(too_long)} samples are longer than max_tokens={max_tokens} (e.g. sample {i}: "
                          f"{n} tokens); raise max_tokens_per_batch or lower max_length")
     rng = random.Random(f"draftsmith-batches:{seed}:{epoch}")  # str seeds hash with sha512: stable across runs
     order = list(range(len(lengths)))

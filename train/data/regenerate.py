@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from draftsmith.errors import ConfigError
 from draftsmith.generate import iter_generate, resolve_backend
 from draftsmith.train.data.conversations import read_conversations
 from draftsmith.train.data.render import render_prompt
@@ -89,7 +90,7 @@ def regenerate(target: str, data: str, out: str, num_conversations: int | None =
         old = json.loads(meta_path.read_text())
         diff = {k: (old.get(k), settings[k]) for k in SETTINGS if old.get(k) != settings[k]}
         if diff:
-            raise ValueError(f"{out_path} was generated with other settings {diff} (old, new); "
+            raise ConfigError(f"{out_path} was generated with other settings {diff} (old, new); "
                              f"use another --out or delete it")
     else:
         meta_path.write_text(json.dumps(settings, indent=2))

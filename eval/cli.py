@@ -22,23 +22,8 @@ import argparse
 import sys
 
 from draftsmith.eval.acceptance import BASELINES, ENGINE_DEFAULTS, run_acceptance
+from draftsmith.eval.args import head_arg, methods_arg
 from draftsmith.eval.prompts import PromptFileError
-
-
-def _head(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"--head wants NAME=DIR, got {text!r}")
-    return name, path
-
-
-def _methods(text: str) -> list[str]:
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in methods if m not in BASELINES]
-    if bad:
-        raise argparse.ArgumentTypeError(f"unknown method(s) {bad}; choose from {','.join(BASELINES)} "
-                                         "(EAGLE-3 / MLP speculator heads go in --head NAME=DIR)")
-    return methods
 
 
 def rich_table(result: dict):
@@ -75,9 +60,9 @@ def acceptance(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="draftsmith eval acceptance", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target HF dir or hub id, or `smollm2` (the embedded default)")
-    p.add_argument("--head", type=_head, action="append", default=[], metavar="NAME=DIR",
+    p.add_argument("--head", type=head_arg, action="append", default=[], metavar="NAME=DIR",
                    help="an exported head dir (EAGLE-3 or MLP speculator) to run as method NAME (repeatable)")
-    p.add_argument("--methods", type=_methods, default=list(BASELINES),
+    p.add_argument("--methods", type=methods_arg, default=list(BASELINES),
                    help=f"comma-separated built-in methods (default {','.join(BASELINES)}; '' for heads only)")
     p.add_argument("--prompts", required=True, help="JSONL of {messages}|{prompt}|{turns}|{question}")
     p.add_argument("--num-prompts", type=int, default=None, help="the first N prompts (default: all)")

@@ -20,7 +20,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from draftsmith.eval.acceptance import BASELINES, _versions, compare_outputs, run_acceptance
+from draftsmith.eval.acceptance import BASELINES, engine_versions, compare_outputs, run_acceptance
 from draftsmith.eval.prompts import load_workload, render_prompts
 from draftsmith.eval.reference_decoder import (alpha_from_tau, decode_prompts, expected_speedup, head_family,
                                                load_drafter, load_head_drafter)
@@ -211,7 +211,7 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
         "workloads": {n: {k: v for k, v in w.items() if k != "prompt_ids"} for n, w in wl.items()},
         "methods": names, "heads": head_info, "ks": ks, "temperatures": temperatures, "max_tokens": max_tokens,
         "seed": seed, "stop_ids": list(stop_ids), "engine": engine_used if served else None,
-        "versions": versions if served else {**_versions(), "python": platform.python_version()},
+        "versions": versions if served else {**engine_versions(), "python": platform.python_version()},
         "elapsed_s": time.perf_counter() - t_start, "cells": cells, **analysis,
     }
     (out / "matrix.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -352,15 +352,15 @@ def main(argv: list[str]) -> int:
     import sys
 
     from draftsmith.eval.acceptance import ENGINE_DEFAULTS
-    from draftsmith.eval.cli import _head, _methods
+    from draftsmith.eval.args import head_arg, methods_arg
     from draftsmith.eval.prompts import PromptFileError
 
     p = argparse.ArgumentParser(prog="draftsmith eval matrix", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target HF dir, or `smollm2`")
-    p.add_argument("--head", type=_head, action="append", default=[], metavar="NAME=DIR",
+    p.add_argument("--head", type=head_arg, action="append", default=[], metavar="NAME=DIR",
                    help="exported head dir or training checkpoint/run dir (repeatable)")
-    p.add_argument("--methods", type=_methods, default=list(BASELINES), help="built-in methods (default none,ngram,suffix)")
+    p.add_argument("--methods", type=methods_arg, default=list(BASELINES), help="built-in methods (default none,ngram,suffix)")
     p.add_argument("--workloads", default="chat,mtbench,code",
                    help="comma-separated: chat (needs --prompts or chat=FILE), mtbench, code, NAME=FILE.jsonl")
     p.add_argument("--prompts", default=None, help="the chat workload's JSONL (e.g. a run's heldout_prompts.jsonl)")

@@ -82,7 +82,7 @@ def test_global_batch_split_and_token_mean():
     from types import SimpleNamespace
 
     from draftsmith.train.data.render import Sample
-    from draftsmith.train.loop import epoch_batches
+    from draftsmith.train.data.dataset import epoch_batches
     from draftsmith.train.objective import supervised_counts
 
     samples = [Sample(input_ids=list(range(5 + i % 7)), loss_mask=[0, 0] + [1] * (3 + i % 7)) for i in range(50)]

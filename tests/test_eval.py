@@ -12,7 +12,7 @@ from draftsmith.eval.acceptance import (acceptance_metrics, compare_outputs, for
                                         run_acceptance, speculative_config, tokens_per_step)
 from draftsmith.eval.cli import main as eval_main
 from draftsmith.eval.prompts import PromptFileError, load_prompts, render_prompts
-from draftsmith.eval.vllm_runner import counter_delta, read_spec_counters
+from draftsmith.vllm_runner import counter_delta, read_spec_counters
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

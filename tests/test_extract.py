@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save as st_save
 
-from draftsmith.train.shards import ShardError, load_manifest, validate
+from draftsmith.train.features.shards import ShardError, load_manifest, validate
 from test_train import conversations
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def train_in_process(args: list[str]) -> list[dict]:
     from transformers import AutoTokenizer
 
     from draftsmith.train.build import build_data_and_vocab, build_head, build_target
-    from draftsmith.train.extract import compose
+    from draftsmith.train.config import compose_config as compose
     from draftsmith.train.loop import train
 
     cfg = compose(args)
@@ -59,7 +59,8 @@ def train_in_process(args: list[str]) -> list[dict]:
 
 
 def run_extract(args: list[str], out, **kw) -> dict:
-    from draftsmith.train.extract import compose, extract
+    from draftsmith.train.config import compose_config as compose
+    from draftsmith.train.features.extract import extract
 
     return extract(compose(args), out, log=lambda *a: None, **kw)
 
@@ -172,7 +173,7 @@ def test_max_disk_stops_before_the_budget_records_coverage_and_resumes(tiny_targ
     assert m["dtype"] == "bf16" and m["bytes"] / m["covered_tokens"] < 2 * (3 * 128 + 128) + 16  # bf16 + ids/mask
 
     # training refuses an incomplete directory, and says how far it got
-    from draftsmith.train.extract import compose
+    from draftsmith.train.config import compose_config as compose
     with pytest.raises(ShardError, match=rf"covers {s['covered_samples']} of 32 training samples \(stopped: --max-disk"):
         _feature_source(compose(args + ["data.features=offline", f"data.features_dir={out}"]))
 
@@ -187,7 +188,7 @@ def _feature_source(cfg):
     from transformers import AutoTokenizer
 
     from draftsmith.train.build import build_data_and_vocab, build_head, build_target
-    from draftsmith.train.features import build_feature_source
+    from draftsmith.train.features.sources import build_feature_source
     from draftsmith.train.objective import build_objective
 
     accelerator = Accelerator(mixed_precision="no", cpu=True)
@@ -199,7 +200,7 @@ def _feature_source(cfg):
 
 
 def test_offline_refuses_features_of_another_run_naming_what_differs(tiny_target_dir, data_file, tmp_path):
-    from draftsmith.train.extract import compose
+    from draftsmith.train.config import compose_config as compose
 
     args = overrides(tiny_target_dir, data_file, tmp_path / "x")
     out = tmp_path / "f"
@@ -218,7 +219,7 @@ def test_offline_refuses_features_of_another_run_naming_what_differs(tiny_target
         with pytest.raises(ShardError, match=message):
             _feature_source(compose(args + use + extra))
     # the command line says the same from `draftsmith extract --validate DIR <overrides>`
-    from draftsmith.train.extract import run_validate
+    from draftsmith.train.features.extract import run_validate
 
     assert run_validate(str(out), args + ["head=mlp"]) == 0
     assert run_validate(str(out), args + ["head=mlp", "data.max_length=64"]) == 1
@@ -289,7 +290,7 @@ def test_extract_under_accelerate_launch_two_cpu_processes(tiny_target_dir, data
 
 def test_compressed_shards_read_back_exactly_and_train_the_same(tiny_target_dir, data_file, tmp_path):
     """--compress zlib: smaller on disk, bit for bit the same features when read (so the same losses), validated."""
-    from draftsmith.train.shards import ShardStore, compress_field, decompress_field
+    from draftsmith.train.features.shards import ShardStore, compress_field, decompress_field
 
     t = torch.randn(5, 7).to(torch.bfloat16)
     assert torch.equal(decompress_field(compress_field(t), [5, 7], torch.bfloat16), t)  # bit for bit

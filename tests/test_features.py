@@ -7,7 +7,7 @@ import torch
 
 from draftsmith.train.data.dataset import collate
 from draftsmith.train.data.render import Sample
-from draftsmith.train.features import FeatureSource
+from draftsmith.train.features.sources import FeatureSource
 from draftsmith.train.target import Target
 from test_train import conversations, run_train
 

@@ -199,7 +199,7 @@ def test_reusable_served_cell(tmp_path):
 def test_vllm_fix_expand_batch_to_tokens():
     import torch
 
-    from draftsmith.eval.vllm_fixes import _shipped_is_broken, expand_batch_to_tokens
+    from draftsmith.vllm_fixes import _shipped_is_broken, expand_batch_to_tokens
 
     x = torch.tensor([1.0, 0.5, 0.0])
     got = expand_batch_to_tokens(x, torch.tensor([2, 3, 5], dtype=torch.int32), 5, replace_from=0, replace_to=1)

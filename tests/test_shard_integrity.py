@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import draftsmith.train.shards as shards
-from draftsmith.train.shards import ShardError, ShardStore, load_manifest, parse_size, validate
+import draftsmith.train.features.shards as shards
+from draftsmith.train.features.shards import ShardError, ShardStore, load_manifest, parse_size, validate
 from test_extract import _feature_source, data_file, overrides, run_extract, train_in_process  # noqa: F401
 
 
 def _compose(args):
-    from draftsmith.train.extract import compose
+    from draftsmith.train.config import compose_config as compose
 
     return compose(args)
 
@@ -125,9 +125,9 @@ def test_offline_cache_redoes_deleted_shards_and_refuses_an_incomplete_extractio
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    import draftsmith.train.extract as extract_mod
+    import draftsmith.train.features.extract as extract_mod
     from draftsmith.train.build import build_data_and_vocab, build_target
-    from draftsmith.train.features import ensure_offline_features
+    from draftsmith.train.features.sources import ensure_offline_features
 
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
     cfg = _compose(overrides(tiny_target_dir, data_file, tmp_path / "run", "data.features=offline"))

@@ -24,7 +24,7 @@ ENV = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "HF_HUB_O
 
 
 def compose(*overrides):
-    from draftsmith.train.extract import compose as compose_run
+    from draftsmith.train.config import compose_config as compose_run
 
     return compose_run(["conf=eagle3_smollm2", *overrides])
 
@@ -54,7 +54,7 @@ def test_the_presets_themselves_are_valid():
     from draftsmith.train.config import config_problems
 
     for preset in sorted(p.stem for p in (ROOT / "conf" / "conf").glob("*.yaml")):
-        from draftsmith.train.extract import compose as compose_run
+        from draftsmith.train.config import compose_config as compose_run
 
         assert config_problems(compose_run([f"conf={preset}"])) == [], preset
     assert config_problems(compose("conf=mlp_smollm2", "head.stage=2")) == [

@@ -254,3 +254,26 @@ def build_mlp_speculator(cfg, target: Target):
     elif cfg.init != "random":
         raise ConfigError(f"head.init={cfg.init!r}: expected random | output for an MLP speculator")
     return head
+
+
+def build_run(cfg, device, stats_dir: Path | None, log=print):
+    """Target, tokenizer, training data and draft vocab of a run: what training and `draftsmith extract` share.
+
+    `stats_dir` receives data_stats.json and heldout_prompts.jsonl (None: a temporary dir, e.g. other ranks).
+    """
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    target, target_path = build_target(cfg.target, device)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    if stats_dir is not None:
+        data, vocab = build_data_and_vocab(cfg, tokenizer, stats_dir, log=log)
+    else:
+        with tempfile.TemporaryDirectory(prefix="draftsmith-extract-") as tmp:
+            data, vocab = build_data_and_vocab(cfg, tokenizer, Path(tmp), log=log)
+    if cfg.head.family == "mlp_speculator" and cfg.head.stage == 2:  # the target's own continuations
+        from draftsmith.train.data.continuations import build_stage2_data
+
+        data = build_stage2_data(cfg, data, target_path, cache_dir(), log=log)
+    return target, tokenizer, data, vocab

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,52 @@ def load_trainer_state(ckpt: str | os.PathLike) -> dict:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # zip/pickle errors of a truncated file
         raise _unreadable(path, e) from None
+
+
+@dataclass
+class Position:
+    """Where a run stands: what a checkpoint stores besides the weights, and what the loop advances."""
+
+    step: int = 0
+    epoch: int = 0
+    cursor: int = 0  # optimizer steps taken in this epoch
+    tokens: int = 0  # supervised tokens so far, over all ranks
+    elapsed_s: float = 0.0  # training seconds before this process started (they count against optim.max_minutes)
+
+
+def save_run_state(run_dir, pos: Position, weights: dict, family: str, head_config: dict, metrics: dict, optimizer,
+                   scheduler, global_batch: int, elapsed_s: float, config: dict, keep: int) -> Path:
+    """One checkpoint of a training run: the head (+ its config and last metrics) and everything resume needs."""
+    meta = {"family": family, "config": head_config, "step": pos.step, "tokens": pos.tokens, "metrics": metrics}
+    trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": pos.step,
+               "epoch": pos.epoch, "cursor": pos.cursor, "tokens": pos.tokens, "rng": rng_state(),
+               "global_batch": global_batch, "elapsed_s": elapsed_s, "config": config}
+    return save_checkpoint(run_dir, pos.step, weights, meta, trainer, keep)
+
+
+def restore_run_state(ckpt: Path, head, optimizer, scheduler, world: int, accum: int) -> Position:
+    """Load head weights, optimizer, scheduler and RNG from `ckpt`, refusing one made for another head, draft
+    vocab or global batch; returns where the run stood."""
+    state = load_trainer_state(ckpt)
+    group = state.get("global_batch", world * accum)
+    if group != world * accum:  # the data position counts optimizer steps of `group` micro-batches
+        raise CheckpointError(f"{ckpt} was trained with {group} micro-batches per optimizer step (processes x "
+                              f"optim.grad_accum); this run has {world} x {accum}: set optim.grad_accum={group // world}"
+                              if group % world == 0 else f"{ckpt}: global batch {group} is not divisible by {world} "
+                              f"processes")
+    meta, weights = load_head(ckpt)
+    check_same_head(meta, head.config.to_dict(), ckpt)
+    if "d2t" in weights and not torch.equal(weights["d2t"].to(head.d2t.device), head.d2t):
+        # the target logits the features give are over this run's draft vocab; the checkpoint's head is not
+        raise CheckpointError(f"{ckpt}: its draft vocab differs from the one this run built from the data "
+                              f"(data.path, data.num_conversations or head.draft_vocab_size changed)")
+    missing = head.load_state_dict(weights, strict=False)
+    frozen_or_tied = set(head.state_dict()) - set(head.trainable_state_dict())  # e.g. embed_tokens, tied stages
+    assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return Position(state["step"], state["epoch"], state["cursor"], state["tokens"], state.get("elapsed_s", 0.0))
 
 
 def check_same_head(meta: dict, config: dict, ckpt) -> None:

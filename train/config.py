@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING
@@ -193,7 +194,7 @@ def config_problems(cfg) -> list[str]:
     need("data.regen_max_tokens", lambda v: v >= 1, "answer length cap, >= 1")
     need("data.regen_temperature", lambda v: v >= 0, "0 (greedy) or a sampling temperature > 0")
     if get("data.max_disk") is not None:
-        from draftsmith.train.shards import parse_size
+        from draftsmith.train.features.shards import parse_size
 
         try:
             parse_size(get("data.max_disk"))
@@ -224,6 +225,22 @@ def validate_config(cfg) -> None:
 
         raise ConfigError("the config cannot work: " + "; ".join(problems) + ". Fix the key(s) on the command "
                           "line (key=value) or in the preset under conf/.")
+
+
+def conf_dir() -> Path:
+    """The Hydra config tree `conf/`: package data `draftsmith.conf` (the repo's conf/ in an editable install)."""
+    from importlib.resources import files
+
+    return Path(str(files("draftsmith.conf")))
+
+
+def compose_config(overrides: list[str]):
+    """The run config `draftsmith train` / train/run.py builds from the same `key=value` overrides (conf=NAME too)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
 
 
 def register_configs() -> None:

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,13 +18,10 @@ from accelerate.utils import DistributedType
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from draftsmith.errors import DraftsmithError, Interrupted
-from draftsmith.errors import ConfigError
-from draftsmith.train.checkpoint import (CheckpointError, check_same_head, load_head, load_trainer_state,
-                                         resolve_checkpoint, rng_state, save_checkpoint, set_rng_state,
-                                         trim_metrics)
-from draftsmith.train.data.dataset import collate, make_batches
-from draftsmith.train.features import build_feature_source
+from draftsmith.errors import ConfigError, DraftsmithError, Interrupted
+from draftsmith.train.checkpoint import Position, resolve_checkpoint, restore_run_state, save_run_state, trim_metrics
+from draftsmith.train.data.dataset import collate, epoch_batches, make_batches
+from draftsmith.train.features.sources import build_feature_source
 from draftsmith.train.objective import build_objective
 
 
@@ -76,20 +74,6 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float, time_frac: f
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def epoch_batches(data, cfg, epoch: int, rank: int, world: int) -> list[list[int]]:
-    """This rank's micro-batches (sample indices) for one epoch, `optim.grad_accum` per optimizer step.
-
-    Optimizer step s consumes the epoch's micro-batches [s*G, (s+1)*G), G = world * grad_accum, and rank r
-    takes every world-th of them: the global batch depends on G only, so 2 ranks x 1 micro-batch train the
-    same steps as 1 rank x 2 micro-batches. Deterministic in (seed, epoch).
-    """
-    lengths = [len(s.input_ids) for s in data.train]
-    batches = make_batches(lengths, cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, cfg.data.seed, epoch)
-    group = world * cfg.optim.grad_accum
-    usable = len(batches) // group * group  # every rank takes the same number of steps
-    return batches[rank:usable:world]
-
-
 @torch.no_grad()
 def evaluate(cfg, head, target, samples, device, autocast) -> dict:
     """Per-step accuracy and simulated acceptance length on held-out samples (no grad, fixed order)."""
@@ -131,22 +115,72 @@ def total_steps(cfg, data, per_epoch: int, world: int) -> int:
     return per_epoch * cfg.optim.epochs
 
 
+@dataclass
+class StepFigures:
+    """One optimizer step's logged figures, each a share of the global mean: summed over the micro-batches, then
+    over the ranks in one collective, with each rank's clock and Ctrl-C flag (so every rank stops together)."""
+
+    loss: torch.Tensor  # []
+    losses: torch.Tensor  # [K] per TTT step (EAGLE-3) / head (MLP speculator)
+    accs: torch.Tensor  # [K] top-1 accuracy, same order
+    clock_s: float = 0.0  # after the reduce: the ranks' summed clocks
+    stop: float = 0.0  # after the reduce: how many ranks saw Ctrl-C
+
+    @classmethod
+    def of(cls, out) -> "StepFigures":
+        return cls(out.loss.detach().float(), torch.stack([x.float() for x in out.losses]),
+                   torch.stack([a.float() for a in out.accs]))
+
+    def __add__(self, other: "StepFigures") -> "StepFigures":
+        return StepFigures(self.loss + other.loss, self.losses + other.losses, self.accs + other.accs)
+
+    def reduce(self, accelerator, clock_s: float, stop: bool) -> "StepFigures":
+        K = len(self.losses)
+        flat = torch.cat([self.loss[None], self.losses, self.accs, self.loss.new_tensor([clock_s, float(stop)])])
+        t = accelerator.reduce(flat, "sum")  # [1 + 2K + 2]
+        return StepFigures(t[0], t[1:1 + K], t[1 + K:1 + 2 * K], float(t[-2]), float(t[-1]))
+
+
+def global_counts(objective, batches: list[dict], accelerator) -> torch.Tensor:
+    """[K + 1]: positions scored per step/head and supervised tokens, summed over micro-batches and ranks.
+
+    Each step's loss is the mean over every supervised token of the global batch (all ranks, all micro-batches),
+    not a mean of per-rank means: ranks see different token counts.
+    """
+    local = torch.stack([torch.cat([objective.supervised_counts(b["loss_mask"]), b["loss_mask"].sum()[None]])
+                         for b in batches]).sum(0)  # [K + 1]
+    return accelerator.reduce(local, "sum")
+
+
+def forward_backward(model, objective, features, micro: list[list[int]], batches: list[dict], counts, accelerator,
+                     world: int) -> StepFigures:
+    """Gradients of one optimizer step, accumulated over its micro-batches (gradient sync on the last only)."""
+    figures = None
+    for j, (idx, batch) in enumerate(zip(micro, batches)):
+        feats = features(idx, batch)  # no grad: the target is frozen; logits only over what the objective needs
+        sync = contextlib.nullcontext() if j == len(micro) - 1 else accelerator.no_sync(model)
+        with sync:
+            with accelerator.autocast():
+                out = objective(model, feats, batch, denoms=counts[:-1])
+            # DDP/FSDP average gradients over ranks; each rank's loss is its share of the global mean
+            accelerator.backward(out.loss * world)
+        figures = StepFigures.of(out) if figures is None else figures + StepFigures.of(out)
+    return figures
+
+
 def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     """Train `head` on `data` against the frozen `target`; returns the final eval metrics."""
-    run_dir = Path(cfg.output_dir)
-    device = accelerator.device
+    run_dir, device = Path(cfg.output_dir), accelerator.device
     target.to(device)
     params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
-    world, accum = accelerator.num_processes, cfg.optim.grad_accum
-    if accum < 1:
-        raise ConfigError(f"optim.grad_accum={accum}: must be >= 1")
-    if cfg.data.supervise not in ("assistant", "all"):
-        raise ConfigError(f"data.supervise={cfg.data.supervise!r}: expected assistant | all")
-    per_epoch = len(epoch_batches(data, cfg, 0, accelerator.process_index, world)) // accum
+    optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+                                  weight_decay=cfg.optim.weight_decay)
+    world, accum, rank = accelerator.num_processes, cfg.optim.grad_accum, accelerator.process_index
+    per_epoch = len(epoch_batches(data, cfg, 0, rank, world)) // accum
     if per_epoch == 0:
-        raise ConfigError(f"no training batches: {len(data.train)} samples for {world} processes x {accum} micro-batches")
-    total = total_steps(cfg, data, per_epoch, accelerator.num_processes)
+        raise ConfigError(f"no training batches: {len(data.train)} samples for {world} processes x {accum} "
+                          f"micro-batches (lower optim.grad_accum or data.max_tokens_per_batch)")
+    total = total_steps(cfg, data, per_epoch, world)
     clock = {"time_frac": 0.0}  # share of optim.max_minutes used, read by the schedule
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_lambda(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio, clock["time_frac"]))
@@ -161,32 +195,13 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     raw = accelerator.unwrap_model(model).head
     features = build_feature_source(cfg, target, objective.vocab_ids(raw), data, objective.family, accelerator)
 
-    step, epoch, cursor, tokens, prior_s = 0, 0, 0, 0, 0.0
+    pos = Position()
     if cfg.resume:
         ckpt = resolve_checkpoint(run_dir if cfg.resume == "auto" else cfg.resume)
-        state = load_trainer_state(ckpt)
-        group = state.get("global_batch", world * accum)
-        if group != world * accum:  # the data position counts optimizer steps of `group` micro-batches
-            raise CheckpointError(f"{ckpt} was trained with {group} micro-batches per optimizer step (processes x "
-                             f"optim.grad_accum); this run has {world} x {accum}: set optim.grad_accum={group // world}"
-                             if group % world == 0 else f"{ckpt}: global batch {group} is not divisible by {world} processes")
-        meta, weights = load_head(ckpt)
-        check_same_head(meta, raw.config.to_dict(), ckpt)
-        if "d2t" in weights and not torch.equal(weights["d2t"].to(raw.d2t.device), raw.d2t):
-            # the target logits the features give are over this run's draft vocab; the checkpoint's head is not
-            raise CheckpointError(f"{ckpt}: its draft vocab differs from the one this run built from the data "
-                                  f"(data.path, data.num_conversations or head.draft_vocab_size changed)")
-        missing = raw.load_state_dict(weights, strict=False)
-        frozen_or_tied = set(raw.state_dict()) - set(raw.trainable_state_dict())  # e.g. embed_tokens, tied stages
-        assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step, epoch, cursor, tokens = state["step"], state["epoch"], state["cursor"], state["tokens"]
-        prior_s = state.get("elapsed_s", 0.0)  # training time before the resume counts against max_minutes
-        set_rng_state(state["rng"])
+        pos = restore_run_state(ckpt, raw, optimizer, scheduler, world, accum)
         if accelerator.is_main_process:  # lines a kill left past the checkpoint (steps redone now), a torn one
-            trim_metrics(run_dir / "metrics.jsonl", step)
-        print0(accelerator, f"resumed from {ckpt} at step {step} (epoch {epoch}, batch {cursor})")
+            trim_metrics(run_dir / "metrics.jsonl", pos.step)
+        print0(accelerator, f"resumed from {ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.cursor})")
 
     def save(metrics: dict) -> None:
         accelerator.wait_for_everyone()
@@ -196,99 +211,80 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             full = accelerator.get_state_dict(model)
             weights = {k: full["head." + k] for k in weights} if accelerator.is_main_process else {}
         if accelerator.is_main_process:
-            meta = {"family": objective.family, "config": raw.config.to_dict(), "step": step, "tokens": tokens, "metrics": metrics}
-            trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
-                       "epoch": epoch, "cursor": cursor, "tokens": tokens, "rng": rng_state(), "global_batch": world * accum,
-                       "elapsed_s": time.time() - start,
-                       "config": OmegaConf.to_container(cfg, resolve=True)}
-            save_checkpoint(run_dir, step, weights, meta, trainer, cfg.keep_checkpoints)
+            save_run_state(run_dir, pos, weights, objective.family, raw.config.to_dict(), metrics, optimizer,
+                           scheduler, world * accum, time.time() - start, OmegaConf.to_container(cfg, resolve=True),
+                           cfg.keep_checkpoints)
 
     def log(record: dict) -> None:
         if accelerator.is_main_process:
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             if tracker:
-                tracker.log(record, step=step)
+                tracker.log(record, step=pos.step)
 
-    start, metrics, last_eval = time.time() - prior_s, {}, {}
+    start, metrics, last_eval = time.time() - pos.elapsed_s, {}, {}
     deadline = start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
-    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not accelerator.is_main_process, dynamic_ncols=True)
+    bar = tqdm(total=total, initial=pos.step, desc="train", unit="step", disable=not accelerator.is_main_process,
+               dynamic_ncols=True)
     model.train()
-    done, interrupted, first_step = step >= total, False, step
+    done, interrupted, first_step = pos.step >= total, False, pos.step
     with bar, StopOnInterrupt() as stop:  # the bar closes (ends its line) before any error prints
         while not done:
-            batches = epoch_batches(data, cfg, epoch, accelerator.process_index, world)
-            while cursor < len(batches) // accum and not done:
-                micro = batches[cursor * accum:(cursor + 1) * accum]
+            batches = epoch_batches(data, cfg, pos.epoch, rank, world)
+            while pos.cursor < len(batches) // accum and not done:
+                micro = batches[pos.cursor * accum:(pos.cursor + 1) * accum]
                 collated = [{k: v.to(device) for k, v in collate([data.train[i] for i in idx], target.pad_id).items()}
                             for idx in micro]
-                if cfg.data.supervise == "all":  # prompt rows too: the target's distribution is known at every position
+                if cfg.data.supervise == "all":  # prompt rows too: the target's distribution is known everywhere
                     for b in collated:
                         b["loss_mask"] = b["attention_mask"].to(b["loss_mask"].dtype)
-                # Each step's loss is the mean over every supervised token of the global batch (all ranks, all
-                # micro-batches), not a mean of per-rank means: ranks see different token counts.
-                local = torch.stack([torch.cat([objective.supervised_counts(b["loss_mask"]), b["loss_mask"].sum()[None]])
-                                     for b in collated]).sum(0)  # [K + 1]: scored positions per step/head, supervised tokens
-                counts = accelerator.reduce(local, "sum")
+                counts = global_counts(objective, collated, accelerator)  # [K + 1]
                 optimizer.zero_grad(set_to_none=True)
-                sums = None
-                for j, (idx, batch) in enumerate(zip(micro, collated)):
-                    # no grad: the target is frozen; logits only over what the objective needs (draft vocab | none)
-                    feats = features(idx, batch)
-                    sync = contextlib.nullcontext() if j == accum - 1 else accelerator.no_sync(model)
-                    with sync:
-                        with accelerator.autocast():
-                            out = objective(model, feats, batch, denoms=counts[:-1])
-                        # DDP/FSDP average gradients over ranks; each rank's loss is its share of the global mean
-                        accelerator.backward(out.loss * world)
-                    part = torch.stack([out.loss.detach().float(), *[x.float() for x in out.losses],
-                                        *[a.float() for a in out.accs]])  # [1 + 2K], each a share of the global mean
-                    sums = part if sums is None else sums + part
-                # one collective for the logged figures, the clock and Ctrl-C, so every rank takes the same stop decision
-                clock_and_stop = torch.tensor([time.time() - start, float(stop.requested)], device=sums.device)
-                totals = accelerator.reduce(torch.cat([sums, clock_and_stop]), "sum")
-                loss, K = totals[0], (len(totals) - 3) // 2
-                if not torch.isfinite(loss):
+                figures = forward_backward(model, objective, features, micro, collated, counts, accelerator, world)
+                figures = figures.reduce(accelerator, time.time() - start, stop.requested)
+                if not torch.isfinite(figures.loss):
                     ids = [data.train[i].conv_id for idx in micro for i in idx]
-                    raise NonFiniteLoss(f"loss is {loss.item()} at step {step} (epoch {epoch}, batch {cursor}, "
-                                        f"conversations on rank {accelerator.process_index}: {ids[:8]}); weights not updated, "
+                    raise NonFiniteLoss(f"loss is {figures.loss.item()} at step {pos.step} (epoch {pos.epoch}, batch "
+                                        f"{pos.cursor}, conversations on rank {rank}: {ids[:8]}); weights not updated, "
                                         f"last good checkpoint kept in {run_dir}/checkpoints")
                 grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.grad_clip)
                 optimizer.step()
-                elapsed = float(totals[-2]) / world  # the ranks' mean clock: identical on every rank
-                interrupted = bool(totals[-1] > 0)
+                elapsed = figures.clock_s / world  # the ranks' mean clock: identical on every rank
+                interrupted = figures.stop > 0
                 if cfg.optim.max_minutes:
                     clock["time_frac"] = elapsed / (60 * cfg.optim.max_minutes)
                 scheduler.step()
-                step, cursor = step + 1, cursor + 1
-                tokens += int(counts[-1])  # supervised tokens over all ranks
-                last_step = done = (step >= total or (deadline is not None and start + elapsed >= deadline)
-                                    or (cfg.optim.max_tokens is not None and tokens >= cfg.optim.max_tokens) or interrupted)
-                if step % cfg.log_every == 0 or last_step:
-                    metrics = {"step": step, "epoch": epoch, "tokens": tokens, "loss": loss.item(),
+                pos.step, pos.cursor = pos.step + 1, pos.cursor + 1
+                pos.tokens += int(counts[-1])  # supervised tokens over all ranks
+                last_step = done = (pos.step >= total or (deadline is not None and start + elapsed >= deadline)
+                                    or (cfg.optim.max_tokens is not None and pos.tokens >= cfg.optim.max_tokens)
+                                    or interrupted)
+                if pos.step % cfg.log_every == 0 or last_step:
+                    metrics = {"step": pos.step, "epoch": pos.epoch, "tokens": pos.tokens, "loss": figures.loss.item(),
                                "lr": scheduler.get_last_lr()[0], "grad_norm": None if grad_norm is None else float(grad_norm),
-                               "acc": [round(a.item(), 4) for a in totals[1 + K:1 + 2 * K]],
-                               "losses": [round(x.item(), 4) for x in totals[1:1 + K]], "tok_per_s": tokens / max(elapsed, 1e-9),
-                               "elapsed_s": elapsed, "target_tokens": features.computed_tokens}
-                    bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}", tok_s=f"{metrics['tok_per_s']:.0f}")
+                               "acc": [round(a.item(), 4) for a in figures.accs],
+                               "losses": [round(x.item(), 4) for x in figures.losses],
+                               "tok_per_s": pos.tokens / max(elapsed, 1e-9), "elapsed_s": elapsed,
+                               "target_tokens": features.computed_tokens}
+                    bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}",
+                                    tok_s=f"{metrics['tok_per_s']:.0f}")
                     log(metrics)
-                if (cfg.eval_every and step % cfg.eval_every == 0) or (last_step and not interrupted):
+                if (cfg.eval_every and pos.step % cfg.eval_every == 0) or (last_step and not interrupted):
                     last_eval = evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast) if data.heldout else {}
-                    print0(accelerator, f"\n[eval step {step}] acc per step {[round(a, 3) for a in last_eval.get('eval/acc', [])]}, "
-                                        f"simulated accept length {last_eval.get('eval/sim_accept_len', 0):.3f}")
-                    log({"step": step, **last_eval})
-                if (cfg.save_every and step % cfg.save_every == 0) or last_step:
+                    print0(accelerator, f"\n[eval step {pos.step}] acc per step "
+                                        f"{[round(a, 3) for a in last_eval.get('eval/acc', [])]}, simulated accept "
+                                        f"length {last_eval.get('eval/sim_accept_len', 0):.3f}")
+                    log({"step": pos.step, **last_eval})
+                if (cfg.save_every and pos.step % cfg.save_every == 0) or last_step:
                     save({**metrics, **last_eval})
-                if deadline is not None and step > first_step:  # the clock may bind before the step budget: show that
-                    rate = (step - first_step) / max(elapsed - prior_s, 1e-9)  # steps per second this session
-                    bar.total = max(step, min(total, step + int(rate * max(0.0, deadline - start - elapsed))))
+                if deadline is not None and pos.step > first_step:  # the clock may bind before the step budget
+                    rate = (pos.step - first_step) / max(elapsed - pos.elapsed_s, 1e-9)  # steps/s this session
+                    bar.total = max(pos.step, min(total, pos.step + int(rate * max(0.0, deadline - start - elapsed))))
                 bar.update(1)
-            if cursor >= len(batches) // accum:
-                epoch, cursor = epoch + 1, 0
-    bar.close()
-    if interrupted:
-        features.close()
-        raise Interrupted(f"interrupted (Ctrl-C) at step {step}: checkpoint saved in {run_dir}/checkpoints; "
-                          f"continue exactly from it with resume=auto (same command).")
+            if pos.cursor >= len(batches) // accum:
+                pos.epoch, pos.cursor = pos.epoch + 1, 0
     features.close()  # stream: stop the producer, empty its buffer
+    if interrupted:
+        raise Interrupted(f"interrupted (Ctrl-C) at step {pos.step}: checkpoint saved in {run_dir}/checkpoints; "
+                          f"continue exactly from it with resume=auto (same command).")
     return {**metrics, **last_eval}

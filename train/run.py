@@ -1,5 +1,6 @@
 """Train a draft head with Hydra + accelerate.
 
+    draftsmith train conf=eagle3_smollm2                                 # from any directory
     accelerate launch train/run.py conf=eagle3_smollm2
     accelerate launch train/run.py conf=eagle3_llama8b head.ttt_steps=3 data.max_length=1024
     python train/run.py conf=eagle3_smollm2 optim.max_minutes=5 resume=auto
@@ -8,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +17,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from draftsmith.train.config import register_configs
+from draftsmith.train.config import conf_dir, register_configs
 
 register_configs()
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(conf_dir())  # package data: works from any directory, editable install or not
 
 
 def git_sha() -> str:
@@ -49,7 +51,7 @@ def run(cfg: DictConfig) -> dict:
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from draftsmith.train.build import build_data_and_vocab, build_head, build_target, fast_bf16
+    from draftsmith.train.build import build_head, build_run, fast_bf16
     from draftsmith.train.checkpoint import prepare_run_dir
     from draftsmith.train.config import validate_config
     from draftsmith.train.loop import print0, train
@@ -65,9 +67,9 @@ def run(cfg: DictConfig) -> dict:
     accelerator = Accelerator(mixed_precision=("bf16" if fast_bf16(device) else "no") if mp == "auto" else mp)
     torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
+    log = functools.partial(print0, accelerator)
     # before anything is written: a fresh run never mixes with (or prunes) an earlier run's checkpoints
-    resume = prepare_run_dir(run_dir, cfg.resume, cfg.overwrite, accelerator.is_main_process,
-                             log=lambda *a: print0(accelerator, *a))
+    resume = prepare_run_dir(run_dir, cfg.resume, cfg.overwrite, accelerator.is_main_process, log=log)
     if resume != cfg.resume:
         with open_dict(cfg):
             cfg.resume = resume
@@ -80,23 +82,16 @@ def run(cfg: DictConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(sys.argv)}\n")
     save_config()
-    target, target_path = build_target(cfg.target, accelerator.device)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    data, vocab = build_data_and_vocab(cfg, tokenizer, run_dir, log=lambda *a: print0(accelerator, *a))
-    if cfg.head.family == "mlp_speculator" and cfg.head.stage == 2:  # the target's own continuations
-        from draftsmith.assets import cache_dir
-        from draftsmith.train.data.continuations import build_stage2_data
-
-        data = build_stage2_data(cfg, data, target_path, cache_dir(), log=lambda *a: print0(accelerator, *a))
+    target, tokenizer, data, vocab = build_run(cfg, accelerator.device, run_dir if accelerator.is_main_process else None,
+                                               log=log)
     if cfg.data.features == "offline" and not cfg.data.get("features_dir"):
-        from draftsmith.train.features import ensure_offline_features
+        from draftsmith.train.features.sources import ensure_offline_features
 
         with open_dict(cfg):
-            cfg.data.features_dir = ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator,
-                                                            log=lambda *a: print0(accelerator, *a))
+            cfg.data.features_dir = ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator, log=log)
         save_config()  # with the directory the run resolved
     head = build_head(cfg.head, target, vocab)
-    head.config.target["name_or_path"] = target_path
+    head.config.target["name_or_path"] = tokenizer.name_or_path  # the target's resolved local dir or hub id
     tracker = None
     if accelerator.is_main_process and cfg.wandb.get("mode", "disabled") != "disabled":
         import wandb
@@ -107,6 +102,13 @@ def run(cfg: DictConfig) -> dict:
     if tracker:
         tracker.finish()
     return result
+
+
+def cli(argv: list[str]) -> int:
+    """`draftsmith train KEY=VALUE ...`: the same run as `python train/run.py KEY=VALUE ...`."""
+    sys.argv = ["draftsmith train", *argv]  # Hydra reads its overrides from sys.argv
+    main()
+    return 0
 
 
 if __name__ == "__main__":

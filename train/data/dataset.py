@@ -204,6 +204,20 @@ def prepare_data(cfg, tokenizer, cache_dir: Path | None) -> PreparedData:
     return data
 
 
+def epoch_batches(data, cfg, epoch: int, rank: int, world: int) -> list[list[int]]:
+    """This rank's micro-batches (sample indices) for one epoch, `optim.grad_accum` per optimizer step.
+
+    Optimizer step s consumes the epoch's micro-batches [s*G, (s+1)*G), G = world * grad_accum, and rank r
+    takes every world-th of them: the global batch depends on G only, so 2 ranks x 1 micro-batch train the
+    same steps as 1 rank x 2 micro-batches. Deterministic in (seed, epoch).
+    """
+    lengths = [len(s.input_ids) for s in data.train]
+    batches = make_batches(lengths, cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, cfg.data.seed, epoch)
+    group = world * cfg.optim.grad_accum
+    usable = len(batches) // group * group  # every rank takes the same number of steps
+    return batches[rank:usable:world]
+
+
 def make_batches(lengths: list[int], max_tokens: int, max_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     """Length-bucketed batches of indices, each with len(batch) * longest <= max_tokens; deterministic per (seed, epoch)."""
     if max_tokens <= 0 or max_batch_size <= 0:

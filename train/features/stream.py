@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as st_load
 
-from draftsmith.train.shards import FORMAT, ShardError, fmt_size, pack_shard
+from draftsmith.train.features.shards import FORMAT, ShardError, fmt_size, pack_shard
 
 MAX_SEARCH_EPOCHS = 1000
 
@@ -57,7 +57,7 @@ class StreamProducer:
                       "budget_bytes": budget, "ahead": ahead}
 
     def _compute(self, indices: list[int]) -> list[dict]:
-        from draftsmith.train.extract import feature_rows
+        from draftsmith.train.features.extract import feature_rows
 
         device = next(self.target.model.parameters()).device
         # the whole batch in one forward, exactly the loop's online call (same padding, same kernels)

@@ -1,6 +1,6 @@
 """One method in one process: build a vLLM engine, generate every prompt, write counters + outputs as JSON.
 
-    python -m draftsmith.eval.vllm_runner JOB.json RESULT.json
+    python -m draftsmith.vllm_runner JOB.json RESULT.json
 
 The parent (`draftsmith.eval.acceptance`) writes JOB.json and starts one of these per method, so an
 engine never leaks memory into the next and one crash is reported instead of ending the run. Lines
@@ -91,7 +91,7 @@ def run(job: dict) -> dict:
               **job["engine"])
     engine_start_s = time.perf_counter() - t0
     emit("engine_ready", seconds=round(engine_start_s, 2))
-    from draftsmith.eval.vllm_fixes import apply as apply_vllm_fixes
+    from draftsmith.vllm_fixes import apply as apply_vllm_fixes
 
     patches = apply_vllm_fixes()  # after start-up: the CPU kernels it checks are registered by then
 
@@ -145,7 +145,7 @@ def run(job: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m draftsmith.eval.vllm_runner JOB.json RESULT.json", file=sys.stderr)
+        print("usage: python -m draftsmith.vllm_runner JOB.json RESULT.json", file=sys.stderr)
         return 2
     job_path, result_path = argv
     with open(job_path, encoding="utf-8") as f:

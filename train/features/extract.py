@@ -29,48 +29,13 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.errors import ConfigError, handle_errors
-from draftsmith.train.shards import (COMPRESSIONS, DTYPE_NAMES, DTYPES, FAMILY_FIELDS, FORMAT, VERSION, ShardError,
+from draftsmith.train.build import build_run
+from draftsmith.train.config import compose_config, validate_config
+from draftsmith.train.features.shards import (COMPRESSIONS, DTYPE_NAMES, DTYPES, FAMILY_FIELDS, FORMAT, VERSION, ShardError,
                                      atomic_write, atomic_write_json, fingerprint_differences, fingerprint_sha1,
                                      fmt_size, fmt_size_up, forget_shards, load_manifest, missing_shards, orphan_files,
                                      pack_shard, parse_size, part_path, run_fingerprint, shard_name, validate,
                                      write_manifest)
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def compose(overrides: list[str]):
-    """The run config train/run.py would build from the same `key=value` overrides (conf=NAME included)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    from draftsmith.train.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
-
-
-def build_run_data(cfg, device, stats_dir: Path | None, log=print):
-    """Target, tokenizer and training data exactly as train/run.py builds them."""
-    import tempfile
-
-    from transformers import AutoTokenizer
-
-    from draftsmith.assets import cache_dir
-    from draftsmith.train.build import build_data_and_vocab, build_target
-
-    target, target_path = build_target(cfg.target, device)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    if stats_dir is not None:  # data_stats.json and heldout_prompts.jsonl beside the shards
-        data, vocab = build_data_and_vocab(cfg, tokenizer, stats_dir, log=log)
-    else:
-        with tempfile.TemporaryDirectory(prefix="draftsmith-extract-") as tmp:
-            data, vocab = build_data_and_vocab(cfg, tokenizer, Path(tmp), log=log)
-    if cfg.head.family == "mlp_speculator" and cfg.head.stage == 2:  # the target's own continuations
-        from draftsmith.train.data.continuations import build_stage2_data
-
-        data = build_stage2_data(cfg, data, target_path, cache_dir(), log=log)
-    return target, tokenizer, data, vocab
-
 
 @torch.no_grad()
 def feature_rows(target, samples, indices: list[int], fields, dtype: torch.dtype, pad_id: int, device) -> list[dict]:
@@ -222,7 +187,7 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
     if main:
         root.mkdir(parents=True, exist_ok=True)
     with state.main_process_first():  # rank 0 renders/caches the data, the others then read the cache
-        target, tokenizer, data, vocab = inputs or build_run_data(cfg, device, root if main else None,
+        target, tokenizer, data, vocab = inputs or build_run(cfg, device, root if main else None,
                                                                   log=log if main else (lambda *a: None))
     target.to(device)
     store_dtype = next(target.model.parameters()).dtype if dtype == "auto" else DTYPES[dtype]
@@ -374,9 +339,7 @@ def run_main(p: argparse.ArgumentParser, args) -> int:
     """`draftsmith extract` after argument parsing: validate a directory, or extract into one."""
     if args.validate:
         return run_validate(args.validate, args.overrides)
-    from draftsmith.train.config import validate_config
-
-    cfg = compose(args.overrides)
+    cfg = compose_config(args.overrides)
     validate_config(cfg)  # the same checks as training: a bad key fails here, naming it
     out = args.out or cfg.data.get("features_dir")
     if not out:
@@ -388,8 +351,8 @@ def run_main(p: argparse.ArgumentParser, args) -> int:
 def run_validate(root: str, overrides: list[str]) -> int:
     run_fp = samples = None
     if overrides:
-        cfg = compose(overrides)
-        target, tokenizer, data, _ = build_run_data(cfg, torch.device("cpu"), None, log=lambda *a: None)
+        cfg = compose_config(overrides)
+        target, tokenizer, data, _ = build_run(cfg, torch.device("cpu"), None, log=lambda *a: None)
         run_fp, samples = run_fingerprint(cfg, target, data.train, tokenizer), data.train
     manifest, problems, notes = validate(root, run_fp, samples)
     for n in notes:

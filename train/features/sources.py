@@ -77,7 +77,7 @@ class FeatureSource:
             # the shard must hold this run's sample i: the same tokens (features depend on nothing else; which
             # rows are supervised is the loss's business, e.g. data.supervise=all widens the batch's mask)
             if r["input_ids"].shape[0] != n or not torch.equal(r["input_ids"], ids_cpu[b, :n]):
-                from draftsmith.train.shards import ShardError
+                from draftsmith.train.features.shards import ShardError
 
                 raise ShardError(f"{self.disk.root / r['shard']}: sample {i} holds other tokens than this run's sample "
                                  f"{i} (run `draftsmith extract --validate {self.disk.root}` with this run's overrides)")
@@ -113,8 +113,8 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
     run did. Returns the directory. Runs before training starts, so optim.max_minutes counts head training only;
     resumable like `draftsmith extract` (a kill keeps the finished shards)."""
     from draftsmith.assets import cache_dir
-    from draftsmith.train.extract import extract
-    from draftsmith.train.shards import (DTYPE_NAMES, DTYPES, ShardError, fingerprint_sha1, load_manifest,
+    from draftsmith.train.features.extract import extract
+    from draftsmith.train.features.shards import (DTYPE_NAMES, DTYPES, ShardError, fingerprint_sha1, load_manifest,
                                          missing_shards, run_fingerprint)
 
     dtype = cfg.data.get("features_dtype", "auto")
@@ -148,10 +148,10 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
     if mode in ("online", "memory"):
         return FeatureSource(target, vocab_ids, mode)
     from draftsmith.errors import ConfigError
-    from draftsmith.train.shards import FAMILY_FIELDS, ShardError, parse_size
+    from draftsmith.train.features.shards import FAMILY_FIELDS, ShardError, parse_size
 
     if mode == "offline":
-        from draftsmith.train.shards import (ShardStore, fingerprint_differences, load_manifest, missing_shards,
+        from draftsmith.train.features.shards import (ShardStore, fingerprint_differences, load_manifest, missing_shards,
                                              redo_advice, run_fingerprint)
 
         root = cfg.data.get("features_dir")
@@ -184,8 +184,8 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
                              f"another size ({'; '.join(list(gone.values())[:5])}). " + redo_advice(root))
         return FeatureSource(target, vocab_ids, mode, disk=ShardStore(root, manifest))
     if mode == "stream":
-        from draftsmith.train.loop import epoch_batches
-        from draftsmith.train.stream import StreamProducer
+        from draftsmith.train.data.dataset import epoch_batches
+        from draftsmith.train.features.stream import StreamProducer
 
         rank, world = accelerator.process_index, accelerator.num_processes
         base = Path(cfg.data.get("features_dir") or Path(cfg.output_dir) / "stream_features")

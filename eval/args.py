@@ -1,0 +1,23 @@
+"""Command-line argument types shared by `draftsmith eval acceptance` and `draftsmith eval matrix`."""
+
+from __future__ import annotations
+
+import argparse
+
+from draftsmith.eval.acceptance import BASELINES
+
+
+def head_arg(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--head wants NAME=DIR, got {text!r}")
+    return name, path
+
+
+def methods_arg(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in methods if m not in BASELINES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {bad}; choose from {','.join(BASELINES)} "
+                                         "(EAGLE-3 / MLP speculator heads go in --head NAME=DIR)")
+    return methods

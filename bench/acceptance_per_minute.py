@@ -39,8 +39,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # the preset before the levers: what `baseline` pins
-BASELINE = ["data.path=sharegpt", "data.num_conversations=3000", "data.features=online", "head.init=random",
-            "head.draft_vocab_size=8192", "head.ttt_steps=3", "optim.lr=1e-3"]
+BASELINE = [
+    "data.path=sharegpt",
+    "data.num_conversations=3000",
+    "data.features=online",
+    "head.init=random",
+    "head.draft_vocab_size=8192",
+    "head.ttt_steps=3",
+    "optim.lr=1e-3",
+]
 LEVERS = {
     "baseline": ("preset before the levers: raw answers, random init, vocab 8192, online features", []),
     "preset": ("conf=eagle3_smollm2 as it is now", None),
@@ -54,10 +61,14 @@ LEVERS = {
     "lr3e-3": ("peak lr 3e-3", ["optim.lr=3e-3"]),
     "prompts": ("prompt rows supervised too (the target's distribution on user turns)", ["data.supervise=all"]),
     "ttt5": ("TTT depth 5", ["head.ttt_steps=5"]),
-    "conv2000": ("twice the regenerated data: 2,000 first turns (1,830 kept)",
-                 ["data.path=regen:sharegpt", "data.num_conversations=2000", "data.heldout=128"]),
-    "offline": ("features extracted once before training (draftsmith extract; every training minute head-only)",
-                ["data.features=offline", "data.features_dtype=bf16", "data.features_dir={features}"]),
+    "conv2000": (
+        "twice the regenerated data: 2,000 first turns (1,830 kept)",
+        ["data.path=regen:sharegpt", "data.num_conversations=2000", "data.heldout=128"],
+    ),
+    "offline": (
+        "features extracted once before training (draftsmith extract; every training minute head-only)",
+        ["data.features=offline", "data.features_dtype=bf16", "data.features_dir={features}"],
+    ),
     "ttt2": ("TTT depth 2", ["head.ttt_steps=2"]),
 }
 
@@ -95,13 +106,25 @@ def train(name: str, spec: str, args, run_dir: Path) -> None:
     if (run_dir / "done").is_file():
         print(f"[{name}] finished earlier: {run_dir}", flush=True)
         return
-    cmd = [sys.executable, str(ROOT / "train" / "run.py"), "conf=eagle3_smollm2", f"run_name={name}",
-           f"output_dir={run_dir}", "eval_every=0", "wandb.mode=disabled",
-           *overrides(spec, args.regen_data, args.features_dir),
-           f"optim.max_tokens={args.tokens}" if args.tokens else "optim.max_tokens=null",
-           f"optim.max_minutes={args.minutes}" if args.minutes else "optim.max_minutes=null"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train" / "run.py"),
+        "conf=eagle3_smollm2",
+        f"run_name={name}",
+        f"output_dir={run_dir}",
+        "eval_every=0",
+        "wandb.mode=disabled",
+        *overrides(spec, args.regen_data, args.features_dir),
+        f"optim.max_tokens={args.tokens}" if args.tokens else "optim.max_tokens=null",
+        f"optim.max_minutes={args.minutes}" if args.minutes else "optim.max_minutes=null",
+    ]
     if spec == args.curve:  # keep every checkpoint for the curve
-        cmd += [f"save_every={args.curve_every}", f"eval_every={args.curve_every}", "eval_batches=8", "keep_checkpoints=1000"]
+        cmd += [
+            f"save_every={args.curve_every}",
+            f"eval_every={args.curve_every}",
+            "eval_batches=8",
+            "keep_checkpoints=1000",
+        ]
     else:
         cmd += ["save_every=100000", "keep_checkpoints=1"]
     if (run_dir / "checkpoints").exists():
@@ -117,8 +140,14 @@ def summary(run_dir: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in rows if "tok_per_s" in r][-1]
     ev = [r for r in rows if "eval/acc" in r][-1]
-    return {"tokens": last["tokens"], "minutes": last["elapsed_s"] / 60, "tok_per_s": last["tok_per_s"],
-            "epochs": last["epoch"] + 1, "sim_tau": ev["eval/sim_accept_len"], "heldout_acc": ev["eval/acc"]}
+    return {
+        "tokens": last["tokens"],
+        "minutes": last["elapsed_s"] / 60,
+        "tok_per_s": last["tok_per_s"],
+        "epochs": last["epoch"] + 1,
+        "sim_tau": ev["eval/sim_accept_len"],
+        "heldout_acc": ev["eval/acc"],
+    }
 
 
 def export(ckpt: Path, out: Path) -> str:
@@ -132,15 +161,15 @@ def export(ckpt: Path, out: Path) -> str:
 
 def check_no_leak(run_dir: Path, prompts: Path) -> None:
     """Refuse a head whose training conversations include a served prompt."""
-    from draftsmith.train.data.dataset import prepare_data
     from omegaconf import OmegaConf
+
+    from draftsmith.train.data.dataset import prepare_data
 
     cfg = OmegaConf.load(run_dir / "config.yaml")
     served = {json.loads(x)["id"] for x in prompts.read_text().splitlines()}
     from transformers import AutoTokenizer
 
     from draftsmith.assets import cache_dir, resolve_target
-
     from draftsmith.train.build import resolve_data_cfg
 
     tok = AutoTokenizer.from_pretrained(resolve_target(cfg.target.name_or_path))
@@ -166,12 +195,14 @@ def vocab_coverage(regen: str, sizes=(2048, 4096, 8192, 16384)) -> list[dict]:
     for part in (answers[0::2], answers[1::2]):
         c = torch.zeros(len(tok), dtype=torch.long)
         for text in part:
-            c += torch.bincount(torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long),
-                                minlength=len(tok))
+            c += torch.bincount(
+                torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long), minlength=len(tok)
+            )
         halves.append(c)
     pinned = sorted(special_ids(tok))
-    return [{"size": n, "coverage": build_draft_vocab(halves[0], n, pinned_ids=pinned).coverage(halves[1])}
-            for n in sizes]
+    return [
+        {"size": n, "coverage": build_draft_vocab(halves[0], n, pinned_ids=pinned).coverage(halves[1])} for n in sizes
+    ]
 
 
 def curve_points(run_dir: Path, every_min: float) -> list[tuple[float, Path, float | None]]:
@@ -194,18 +225,25 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=None, help="supervised tokens per lever (equal-token comparison)")
     ap.add_argument("--minutes", type=float, default=None, help="wall-clock bound per lever")
     ap.add_argument("--regen-data", default=None, help="JSONL from `draftsmith regenerate` (levers `regen`)")
-    ap.add_argument("--features-dir", default=None,
-                    help="features for lever `offline` (default: the run extracts them into the draftsmith cache "
-                         "before its clock starts, once per target and data)")
+    ap.add_argument(
+        "--features-dir",
+        default=None,
+        help="features for lever `offline` (default: the run extracts them into the draftsmith cache "
+        "before its clock starts, once per target and data)",
+    )
     ap.add_argument("--curve", default=None, help="a lever from --levers whose checkpoints make the τ-vs-minutes curve")
     ap.add_argument("--curve-every", type=int, default=200, help="checkpoint every N steps in the curve run")
     ap.add_argument("--curve-min-gap", type=float, default=5.0, help="minutes between served curve points")
     ap.add_argument("--num-prompts", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=8,
-                    help="prompts per engine step while serving: acceptance is per request, so batching only speeds "
-                         "the bench up (tok/s are then batch throughput; use 1 for latency figures)")
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="prompts per engine step while serving: acceptance is per request, so batching only speeds "
+        "the bench up (tok/s are then batch throughput; use 1 for latency figures)",
+    )
     ap.add_argument("--train-only", action="store_true")
     args = ap.parse_args()
     if not args.tokens and not args.minutes:
@@ -247,27 +285,45 @@ def main() -> int:
             curve.append({"name": name, "minutes": m, "sim_tau": sim})
     coverage = vocab_coverage(args.regen_data) if args.regen_data else []
     if coverage:
-        print("draft vocab coverage of the target's own answers (held-out half): "
-              + ", ".join(f"{c['size']}: {c['coverage']:.1%}" for c in coverage), flush=True)
-    result = run_acceptance(resolve_target("smollm2"), str(prompts), ["none", "ngram", "suffix"], heads, k=args.k,
-                            max_tokens=args.max_tokens, num_prompts=args.num_prompts, out_dir=str(out / "acceptance"),
-                            batch_size=args.batch_size)
+        print(
+            "draft vocab coverage of the target's own answers (held-out half): "
+            + ", ".join(f"{c['size']}: {c['coverage']:.1%}" for c in coverage),
+            flush=True,
+        )
+    result = run_acceptance(
+        resolve_target("smollm2"),
+        str(prompts),
+        ["none", "ngram", "suffix"],
+        heads,
+        k=args.k,
+        max_tokens=args.max_tokens,
+        num_prompts=args.num_prompts,
+        out_dir=str(out / "acceptance"),
+        batch_size=args.batch_size,
+    )
     rows = result["methods"]
-    lines = ["| lever | what | tokens | train min | tok/s | epochs | sim τ | held-out acc | served τ | per position | tok/step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| lever | what | tokens | train min | tok/s | epochs | sim τ | held-out acc | served τ | per position "
+        "| tok/step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in specs:
         r, i = rows[served(s)], info[s]
         pos = [round(x, 2) for x in (r.get("per_position_acceptance") or [])]
         desc = " + ".join(LEVERS[p][0] for p in s.split("+"))
-        lines.append(f"| {s} | {desc} | {i['tokens']:,} | {i['minutes']:.1f} | {i['tok_per_s']:.0f} | {i['epochs']} | "
-                     f"{i['sim_tau']:.2f} | {[round(a, 3) for a in i['heldout_acc']]} | "
-                     f"{r.get('mean_acceptance_length') or 0:.2f} | {pos} | {r.get('tokens_per_target_step') or 0:.2f} |")
+        lines.append(
+            f"| {s} | {desc} | {i['tokens']:,} | {i['minutes']:.1f} | {i['tok_per_s']:.0f} | {i['epochs']} | "
+            f"{i['sim_tau']:.2f} | {[round(a, 3) for a in i['heldout_acc']]} | "
+            f"{r.get('mean_acceptance_length') or 0:.2f} | {pos} | {r.get('tokens_per_target_step') or 0:.2f} |"
+        )
     for b in ("ngram", "suffix", "none"):
         r = rows[b]
         pos = [round(x, 2) for x in (r.get("per_position_acceptance") or [])]
         tau = r.get("mean_acceptance_length")
-        lines.append(f"| {b} | training-free | — | — | — | — | — | — | {f'{tau:.2f}' if tau else '—'} | {pos} | "
-                     f"{r.get('tokens_per_target_step') or 1:.2f} |")
+        lines.append(
+            f"| {b} | training-free | — | — | — | — | — | — | {f'{tau:.2f}' if tau else '—'} | {pos} | "
+            f"{r.get('tokens_per_target_step') or 1:.2f} |"
+        )
     for c in curve:
         c["served_tau"] = rows[c["name"]].get("mean_acceptance_length")
         c["tokens_per_step"] = rows[c["name"]].get("tokens_per_target_step")
@@ -291,10 +347,27 @@ def main() -> int:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / "curve.png", dpi=120)
-        table += "\n\ncurve (" + args.curve + "): " + ", ".join(
-            f"{c['minutes']:.0f} min: served τ {c['served_tau'] or 0:.2f} (sim {c['sim_tau'] or 0:.2f})" for c in curve)
-    (out / "bench.json").write_text(json.dumps({"levers": info, "curve": curve, "vocab_coverage": coverage, "args": vars(args),
-                                                "acceptance": str(out / "acceptance" / "acceptance.json")}, indent=2))
+        table += (
+            "\n\ncurve ("
+            + args.curve
+            + "): "
+            + ", ".join(
+                f"{c['minutes']:.0f} min: served τ {c['served_tau'] or 0:.2f} (sim {c['sim_tau'] or 0:.2f})"
+                for c in curve
+            )
+        )
+    (out / "bench.json").write_text(
+        json.dumps(
+            {
+                "levers": info,
+                "curve": curve,
+                "vocab_coverage": coverage,
+                "args": vars(args),
+                "acceptance": str(out / "acceptance" / "acceptance.json"),
+            },
+            indent=2,
+        )
+    )
     (out / "bench.md").write_text(table + "\n")
     from draftsmith.paths import make_portable
 

@@ -51,8 +51,15 @@ def main(argv=None) -> int:
     from draftsmith.train.config import compose_config as compose
     from draftsmith.train.features.extract import extract, forward_groups
 
-    base = ["conf=eagle3_smollm2", "data.path=sharegpt", f"data.num_conversations={args.samples}", "data.heldout=8",
-            f"data.max_length={args.max_length}", "data.max_tokens_per_batch=2048", "wandb.mode=disabled"]
+    base = [
+        "conf=eagle3_smollm2",
+        "data.path=sharegpt",
+        f"data.num_conversations={args.samples}",
+        "data.heldout=8",
+        f"data.max_length={args.max_length}",
+        "data.max_tokens_per_batch=2048",
+        "wandb.mode=disabled",
+    ]
     cfg = compose(base)
     quiet = lambda *a: None  # noqa: E731
     inputs = build_run(cfg, torch.device("cpu"), None, log=quiet)  # loaded once, reused by every extraction
@@ -68,14 +75,17 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-extract-") as tmp:
         for family, head in (("eagle3", []), ("mlp_speculator", ["head=mlp"])):
             for store in ("bf16", "fp32"):
-                s = extract(compose(base + head), Path(tmp) / f"{family}-{store}", dtype=store, log=quiet, inputs=inputs)
+                s = extract(
+                    compose(base + head), Path(tmp) / f"{family}-{store}", dtype=store, log=quiet, inputs=inputs
+                )
                 rows.append((family, store, s))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     lines = [
         f"# Feature extraction, {date.today().isoformat()}",
         "",
-        f"Target SmolLM2-135M-Instruct ({dtype}, CPU, {torch.get_num_threads()} torch thread(s)); {len(samples)} ShareGPT "
+        f"Target SmolLM2-135M-Instruct ({dtype}, CPU, {torch.get_num_threads()} torch thread(s)); "
+        f"{len(samples)} ShareGPT "
         f"training samples, {tokens} tokens (max length {args.max_length}); forward groups of <= "
         f"{cfg.data.max_tokens_per_batch} padded tokens. Command: `python bench/extract.py --samples {args.samples} "
         f"--max-length {args.max_length}`.",
@@ -91,9 +101,15 @@ def main(argv=None) -> int:
     ]
     for family, store, s in rows:
         cpu_rate = s["new_tokens"] / max(s["cpu_seconds"], 1e-9)
-        lines.append(f"| `draftsmith extract`, {family}, {store} | {cpu_rate:.0f} | {hf_logits[1] / cpu_rate:.2f} | "
-                     f"{s['tok_per_s']:.0f} |")
-    lines += ["", "| head family | stored per token | dtype | disk bytes/token | shards, bytes |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| `draftsmith extract`, {family}, {store} | {cpu_rate:.0f} | {hf_logits[1] / cpu_rate:.2f} | "
+            f"{s['tok_per_s']:.0f} |"
+        )
+    lines += [
+        "",
+        "| head family | stored per token | dtype | disk bytes/token | shards, bytes |",
+        "|---|---|---|---|---|",
+    ]
     for family, store, s in rows:
         what = "aux [3·H] + last [H] + id + mask" if family == "eagle3" else "last [H] + id + mask"
         lines.append(f"| {family} | {what} | {store} | {s['bytes_per_token']:.0f} | {s['bytes']} |")

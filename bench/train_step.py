@@ -30,7 +30,9 @@ def cpu_flags() -> str:
         flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
     except (OSError, IndexError):
         return "?"
-    return " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16") if f in flags) or "none"
+    return (
+        " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16") if f in flags) or "none"
+    )
 
 
 def make_step(family: str, tc, tokens: int, vocab: int, ttt: int):
@@ -40,7 +42,9 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int):
     ids = torch.randint(0, tc.vocab_size, (B, T))
     mask = torch.ones(B, T, dtype=torch.long)
     if family == "eagle3":
-        cfg = Eagle3Config.from_target(tc, vocab, [2, tc.num_hidden_layers // 2, tc.num_hidden_layers - 3], ttt_steps=ttt)
+        cfg = Eagle3Config.from_target(
+            tc, vocab, [2, tc.num_hidden_layers // 2, tc.num_hidden_layers - 3], ttt_steps=ttt
+        )
         head = Eagle3Head(cfg)
         head.set_vocab(torch.zeros(vocab, dtype=torch.long), torch.arange(tc.vocab_size) < vocab)
         aux = torch.randn(B, T, 3 * tc.hidden_size, dtype=torch.bfloat16)  # a bf16 target's states, as stored
@@ -54,11 +58,14 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int):
 
         def loss():
             return per_head_loss(head, last.float(), ids, mask, [0.8**i for i in range(ttt)]).loss
+
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
 
     def step(precision: str) -> None:
-        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else torch.autocast("cpu", enabled=False)
+        ctx = (
+            torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else torch.autocast("cpu", enabled=False)
+        )
         with ctx:
             value = loss()
         value.backward()
@@ -83,8 +90,12 @@ def main() -> None:
     from draftsmith.train.build import resolve_target
 
     tc = AutoConfig.from_pretrained(resolve_target(args.target))
-    settings = [(f, p, int(t)) for f in args.families.split(",") for t in args.threads.split(",")
-                for p in args.precisions.split(",")]
+    settings = [
+        (f, p, int(t))
+        for f in args.families.split(",")
+        for t in args.threads.split(",")
+        for p in args.precisions.split(",")
+    ]
     steps = {f: make_step(f, tc, args.tokens, args.draft_vocab, args.ttt) for f in args.families.split(",")}
     times: dict = {s: [] for s in settings}
     for r in range(args.repeats + 1):  # round 0 warms up (allocator, oneDNN kernels) and is dropped
@@ -95,8 +106,10 @@ def main() -> None:
             steps[family][0](precision)
             if r:
                 times[s].append(time.perf_counter() - t0)
-    print(f"CPU flags: {cpu_flags()}; {args.tokens} tokens/step, draft vocab {args.draft_vocab}, TTT/heads {args.ttt}, "
-          f"median of {args.repeats} interleaved rounds")
+    print(
+        f"CPU flags: {cpu_flags()}; {args.tokens} tokens/step, draft vocab {args.draft_vocab}, TTT/heads {args.ttt}, "
+        f"median of {args.repeats} interleaved rounds"
+    )
     print("| family | precision | threads | s/step | tok/s | vs first of family |")
     print("|---|---|---|---|---|---|")
     first = {}
@@ -104,7 +117,10 @@ def main() -> None:
         family, precision, threads = s
         med = statistics.median(times[s])
         first.setdefault(family, med)
-        print(f"| {family} | {precision} | {threads} | {med:.3f} | {steps[family][1] / med:.0f} | {first[family] / med:.2f}x |")
+        print(
+            f"| {family} | {precision} | {threads} | {med:.3f} | {steps[family][1] / med:.0f} "
+            f"| {first[family] / med:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

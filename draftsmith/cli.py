@@ -1,12 +1,12 @@
 """The `draftsmith` command: one console script, one verb per stage.
 
-    draftsmith train conf=eagle3_smollm2       # = python train/run.py / accelerate launch train/run.py ...
-    draftsmith prepare-target smollm2          # convert the embedded GGUF target once
-    draftsmith export --format vllm CKPT OUT   # vLLM-loadable checkpoint, contract-checked
-    draftsmith eval acceptance ...             # real vLLM speculative decoding + baselines
-    draftsmith regenerate --out regen.jsonl    # the target's own answers as training data
-    draftsmith extract --out DIR conf=NAME     # target features once, as shards (data.features=offline)
-    draftsmith quickstart                      # the README's main job, end to end
+draftsmith train conf=eagle3_smollm2       # = python train/run.py / accelerate launch train/run.py ...
+draftsmith prepare-target smollm2          # convert the embedded GGUF target once
+draftsmith export --format vllm CKPT OUT   # vLLM-loadable checkpoint, contract-checked
+draftsmith eval acceptance ...             # real vLLM speculative decoding + baselines
+draftsmith regenerate --out regen.jsonl    # the target's own answers as training data
+draftsmith extract --out DIR conf=NAME     # target features once, as shards (data.features=offline)
+draftsmith quickstart                      # the README's main job, end to end
 """
 
 from __future__ import annotations
@@ -20,13 +20,31 @@ from draftsmith.errors import handle_errors
 # verb -> "module" with a `main(argv)` (or "module:function"); imported lazily so `draftsmith --help` never loads
 # torch or vLLM
 VERBS = {
-    "train": ("draftsmith.train.run:cli", "train a draft head: Hydra overrides as for train/run.py (conf=NAME key=value ...)"),
-    "export": ("draftsmith.export.cli", "write a vLLM checkpoint (EAGLE-3 speculators/native dialect) from a training checkpoint"),
-    "eval": ("draftsmith.eval.cli", "measure acceptance in real vLLM speculative decoding (`draftsmith eval acceptance --help`)"),
-    "extract": ("draftsmith.train.features.extract", "write a run's target features once as safetensors shards (resumable, sharded, "
-                                            "disk-budgeted); --validate DIR checks them"),
-    "regenerate": ("draftsmith.train.data.regenerate", "re-answer a dataset's first user turns with the target (vLLM or HF), resumable"),
-    "quickstart": ("draftsmith.quickstart", "install-time main job: prepare, train, export, serve and measure on the embedded default"),
+    "train": (
+        "draftsmith.train.run:cli",
+        "train a draft head: Hydra overrides as for train/run.py (conf=NAME key=value ...)",
+    ),
+    "export": (
+        "draftsmith.export.cli",
+        "write a vLLM checkpoint (EAGLE-3 speculators/native dialect) from a training checkpoint",
+    ),
+    "eval": (
+        "draftsmith.eval.cli",
+        "measure acceptance in real vLLM speculative decoding (`draftsmith eval acceptance --help`)",
+    ),
+    "extract": (
+        "draftsmith.train.features.extract",
+        "write a run's target features once as safetensors shards (resumable, sharded, "
+        "disk-budgeted); --validate DIR checks them",
+    ),
+    "regenerate": (
+        "draftsmith.train.data.regenerate",
+        "re-answer a dataset's first user turns with the target (vLLM or HF), resumable",
+    ),
+    "quickstart": (
+        "draftsmith.quickstart",
+        "install-time main job: prepare, train, export, serve and measure on the embedded default",
+    ),
     "prepare-target": ("draftsmith.prepare", "convert the embedded SmolLM2 GGUF target to a safetensors HF directory"),
 }
 
@@ -51,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         rest = [a for a in rest if a != "--debug"]
         os.environ["DRAFTSMITH_DEBUG"] = "1"
     module, _, function = VERBS[verb][0].partition(":")
-    return handle_errors(f"draftsmith {verb}", lambda: getattr(importlib.import_module(module), function or "main")(rest))
+    return handle_errors(
+        f"draftsmith {verb}", lambda: getattr(importlib.import_module(module), function or "main")(rest)
+    )
 
 
 if __name__ == "__main__":

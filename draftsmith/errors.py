@@ -73,8 +73,10 @@ def free_space(path) -> str:
     return "unknown"
 
 
-INTERRUPTED = ("interrupted (Ctrl-C). Everything finished before it is kept (checkpoints, feature shards, "
-               "regenerated answers); run the same command again to continue (training: add resume=auto).")
+INTERRUPTED = (
+    "interrupted (Ctrl-C). Everything finished before it is kept (checkpoints, feature shards, "
+    "regenerated answers); run the same command again to continue (training: add resume=auto)."
+)
 
 
 def handle_errors(prog: str, fn: Callable[[], int | None], argv: list[str] | None = None) -> int:
@@ -93,6 +95,9 @@ def handle_errors(prog: str, fn: Callable[[], int | None], argv: list[str] | Non
         if not is_disk_full(e):
             raise
         where = getattr(e, "filename", None) or "the output directory"
-        print(f"{prog}: error: no room to write {where} ({e}); free space there ({free_space(where)} free now) and run "
-              "the same command again: everything finished before it is kept.", file=sys.stderr)
+        print(
+            f"{prog}: error: no room to write {where} ({e}); free space there ({free_space(where)} free now) and run "
+            "the same command again: everything finished before it is kept.",
+            file=sys.stderr,
+        )
         return 1

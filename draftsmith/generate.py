@@ -41,8 +41,17 @@ def _check(prompt_token_ids, max_tokens: int) -> list[list[int]]:
     return prompts
 
 
-def iter_vllm(target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int,
-              batch_size: int = 64, threads: int = 1, kv_cache_gib: int = 2, log_path: str | None = None):
+def iter_vllm(
+    target_path: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    batch_size: int = 64,
+    threads: int = 1,
+    kv_cache_gib: int = 2,
+    log_path: str | None = None,
+):
     """Batched generation in a vLLM child process (no speculation).
 
     Yields (start, token_ids, finish_reasons) as each batch of `batch_size` prompts finishes, so a caller
@@ -54,12 +63,25 @@ def iter_vllm(target_path: str, prompts: list[list[int]], max_tokens: int, tempe
 
     longest = max(map(len, prompts)) + max_tokens + 1
     limit = getattr(AutoConfig.from_pretrained(target_path), "max_position_embeddings", None) or longest
-    job = {"name": "generate", "target": target_path, "speculative_config": None, "prompt_token_ids": prompts,
-           "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
-           "engine": {"dtype": "float32", "enforce_eager": True, "max_model_len": min(longest, limit), "seed": seed},
-           "batch_size": batch_size, "warmup_tokens": 0, "stream_outputs": True}
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-           "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    job = {
+        "name": "generate",
+        "target": target_path,
+        "speculative_config": None,
+        "prompt_token_ids": prompts,
+        "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
+        "engine": {"dtype": "float32", "enforce_eager": True, "max_model_len": min(longest, limit), "seed": seed},
+        "batch_size": batch_size,
+        "warmup_tokens": 0,
+        "stream_outputs": True,
+    }
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "OMP_NUM_THREADS": str(threads),
+        "NUMBA_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    }
     with tempfile.TemporaryDirectory(prefix="draftsmith-generate-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
@@ -71,7 +93,7 @@ def iter_vllm(target_path: str, prompts: list[list[int]], max_tokens: int, tempe
                 for line in proc.stdout:
                     f.write(line)
                     if line.startswith(EVENT):
-                        ev = json.loads(line[len(EVENT):])
+                        ev = json.loads(line[len(EVENT) :])
                         if ev["event"] == "outputs":
                             yield ev["start"], ev["token_ids"], ev["finish_reasons"]
         except BaseException:  # the consumer stopped early, or a kill/interrupt: the engine must not outlive us
@@ -83,8 +105,9 @@ def iter_vllm(target_path: str, prompts: list[list[int]], max_tokens: int, tempe
             raise RuntimeError(f"vLLM generation failed (exit {proc.returncode}):\n" + "\n".join(tail))
 
 
-def iter_hf(target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int,
-            batch_size: int = 16):
+def iter_hf(
+    target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int, batch_size: int = 16
+):
     """The same with the HF target: left-padded batches, cut after the first eos."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -96,25 +119,39 @@ def iter_hf(target_path: str, prompts: list[list[int]], max_tokens: int, tempera
     gen = torch.Generator().manual_seed(seed)
     sample = temperature > 0
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
+        chunk = prompts[start : start + batch_size]
         width = max(map(len, chunk))
         ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])  # [B, W]
         mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])  # [B, W]
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))  # per-batch seed: deterministic
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=sample,
-                                 temperature=temperature if sample else None, top_p=None, top_k=None,
-                                 pad_token_id=pad)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_tokens,
+                do_sample=sample,
+                temperature=temperature if sample else None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=pad,
+            )
         outs, finish = [], []
         for row in out[:, width:].tolist():
             cut = next((i for i, t in enumerate(row) if t in eos), None)
-            outs.append(row if cut is None else row[:cut + 1])
+            outs.append(row if cut is None else row[: cut + 1])
             finish.append("length" if cut is None else "stop")
         yield start, outs, finish
 
 
-def iter_generate(target_path: str, prompt_token_ids: list[list[int]], max_tokens: int, temperature: float = 0.0,
-                  seed: int = 0, backend: str = "auto", **kw):
+def iter_generate(
+    target_path: str,
+    prompt_token_ids: list[list[int]],
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    backend: str = "auto",
+    **kw,
+):
     """`generate`, batch by batch: yields (start, token_ids, finish_reasons) as each batch finishes."""
     from draftsmith.assets import resolve_target
 
@@ -128,8 +165,15 @@ def iter_generate(target_path: str, prompt_token_ids: list[list[int]], max_token
         yield from iter_hf(path, prompts, max_tokens, temperature, seed, **kw)
 
 
-def generate(target_path: str, prompt_token_ids: list[list[int]], max_tokens: int, temperature: float = 0.0,
-             seed: int = 0, backend: str = "auto", **kw) -> list[list[int]]:
+def generate(
+    target_path: str,
+    prompt_token_ids: list[list[int]],
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    backend: str = "auto",
+    **kw,
+) -> list[list[int]]:
     """New token ids per prompt from the frozen target (greedy at temperature 0).
 
     Args:
@@ -137,8 +181,11 @@ def generate(target_path: str, prompt_token_ids: list[list[int]], max_tokens: in
         backend: auto (vLLM when installed, else HF) | vllm | hf. Extra keywords go to the backend
             (vllm: batch_size, threads, kv_cache_gib, log_path; hf: batch_size).
     """
-    return [ids for _, outs, _ in iter_generate(target_path, prompt_token_ids, max_tokens, temperature, seed,
-                                                backend, **kw) for ids in outs]
+    return [
+        ids
+        for _, outs, _ in iter_generate(target_path, prompt_token_ids, max_tokens, temperature, seed, backend, **kw)
+        for ids in outs
+    ]
 
 
 def target_fingerprint(target_path: str) -> dict:
@@ -150,18 +197,38 @@ def target_fingerprint(target_path: str) -> dict:
     return {"path": str(p.resolve()), "files": [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]}
 
 
-def cache_key(target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int,
-              backend: str) -> str:
+def cache_key(
+    target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int, backend: str
+) -> str:
     h = hashlib.sha1()
-    h.update(json.dumps({"target": target_fingerprint(target_path), "max_tokens": max_tokens,
-                         "temperature": temperature, "seed": seed, "backend": backend}, sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {
+                "target": target_fingerprint(target_path),
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "seed": seed,
+                "backend": backend,
+            },
+            sort_keys=True,
+        ).encode()
+    )
     for p in prompts:
         h.update(json.dumps(p).encode())
     return h.hexdigest()
 
 
-def cached_generate(target_path: str, prompt_token_ids: list[list[int]], max_tokens: int, temperature: float,
-                    seed: int, cache_dir: str | os.PathLike, backend: str = "auto", log=print, **kw) -> list[list[int]]:
+def cached_generate(
+    target_path: str,
+    prompt_token_ids: list[list[int]],
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    cache_dir: str | os.PathLike,
+    backend: str = "auto",
+    log=print,
+    **kw,
+) -> list[list[int]]:
     """`generate`, memoised on disk as cache_dir/<key>.json (atomic write; the key covers every input)."""
     from draftsmith.assets import resolve_target
 
@@ -184,11 +251,24 @@ def cached_generate(target_path: str, prompt_token_ids: list[list[int]], max_tok
     outs = generate(path, prompts, max_tokens, temperature, seed, backend=backend, **kw)
     seconds = time.perf_counter() - t0
     n = sum(map(len, outs))
-    log(f"generate: {len(prompts)} prompts -> {n} tokens with {backend} in {seconds:.0f} s ({n / max(seconds, 1e-9):.0f} tok/s)")
+    log(
+        f"generate: {len(prompts)} prompts -> {n} tokens with {backend} in {seconds:.0f} s "
+        f"({n / max(seconds, 1e-9):.0f} tok/s)"
+    )
     file.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=file.parent)
     with os.fdopen(fd, "w") as f:
-        json.dump({"key": key, "backend": backend, "max_tokens": max_tokens, "temperature": temperature,
-                   "seed": seed, "seconds": seconds, "outputs": outs}, f)
+        json.dump(
+            {
+                "key": key,
+                "backend": backend,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "seed": seed,
+                "seconds": seconds,
+                "outputs": outs,
+            },
+            f,
+        )
     os.replace(tmp, file)  # a kill mid-write leaves no half cache
     return outs

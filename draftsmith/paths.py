@@ -16,8 +16,13 @@ MACHINE_PATH = re.compile(r"(?<![\w.~<>-])/(?:root|home|Users|work|tmp|private/v
 def portable(text: str, repo: str | os.PathLike = REPO) -> str:
     """`text` with the repo's absolute path made relative, the home directory as ~ and the temp dir as <tmp>."""
     repo = str(Path(repo).resolve())
-    for prefix, repl in ((repo + "/", ""), (repo, "."), (str(Path.home()), "~"),
-                         (tempfile.gettempdir(), "<tmp>"), ("/tmp", "<tmp>")):
+    for prefix, repl in (
+        (repo + "/", ""),
+        (repo, "."),
+        (str(Path.home()), "~"),
+        (tempfile.gettempdir(), "<tmp>"),
+        ("/tmp", "<tmp>"),
+    ):
         if prefix not in ("/", ""):
             text = text.replace(prefix, repl)
     return text

@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-
 @contextmanager
 def stage(name: str, timings: dict):
     """Print a banner around one stage and record its wall time in `timings`."""
@@ -41,21 +40,28 @@ def training_plan(overrides: list[str]) -> str:
     d, o = cfg.data, cfg.optim
     n = "all" if d.num_conversations is None else f"{d.num_conversations:,}"
     if str(d.path).startswith("regen:"):
-        data = f"the target re-answers the first turns of {n} {d.path[len('regen:'):]} conversations, once, cached"
+        data = f"the target re-answers the first turns of {n} {d.path[len('regen:') :]} conversations, once, cached"
     else:
         data = f"{n} conversations from {d.path}"
-    features = {"offline": "; its features are extracted once and cached",
-                "memory": "; its features are kept in memory after first use"}.get(d.features, "")
+    features = {
+        "offline": "; its features are extracted once and cached",
+        "memory": "; its features are kept in memory after first use",
+    }.get(d.features, "")
     budget = f"{o.max_minutes:g} minutes" if o.max_minutes else f"{o.max_tokens:,} tokens" if o.max_tokens else "epochs"
     return f"{data}{features}; then TTT training for {budget}"
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="draftsmith quickstart", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="draftsmith quickstart", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", default="outputs/quickstart", help="run directory (default: outputs/quickstart)")
-    p.add_argument("--minutes", type=float, default=None,
-                   help="wall-clock cap on training in minutes (default: the preset's 60; the lr schedule ends with it)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="wall-clock cap on training in minutes (default: the preset's 60; the lr schedule ends with it)",
+    )
     p.add_argument("--num-prompts", type=int, default=32, help="held-out prompts served per method (default 32)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--k", type=int, default=3, help="speculative tokens per step (default 3)")
@@ -72,16 +78,24 @@ def main(argv: list[str]) -> int:
         target = prepare_smollm2()
         print(f"target: {target}")
 
-    overrides = ["conf=eagle3_smollm2", f"output_dir={out}", f"head.ttt_steps={args.k}", *args.overrides,
-                 *([f"optim.max_minutes={args.minutes}"] if args.minutes else []),
-                 "resume=auto"]  # a re-run continues from the last checkpoint (none yet: from step 0)
+    overrides = [
+        "conf=eagle3_smollm2",
+        f"output_dir={out}",
+        f"head.ttt_steps={args.k}",
+        *args.overrides,
+        *([f"optim.max_minutes={args.minutes}"] if args.minutes else []),
+        "resume=auto",
+    ]  # a re-run continues from the last checkpoint (none yet: from step 0)
     with stage(f"2/4 train EAGLE-3 head ({training_plan(overrides)})", timings):
         cmd = [sys.executable, "-m", "draftsmith.train.run", *overrides]
         print(" ".join(cmd[1:]), flush=True)
         code = subprocess.run(cmd).returncode
         if code:  # training printed its own one-paragraph error (or the Ctrl-C note) above
-            print(f"draftsmith quickstart: training stopped (exit status {code}); re-run `draftsmith quickstart` with "
-                  "the same options to continue from its last checkpoint", file=sys.stderr)
+            print(
+                f"draftsmith quickstart: training stopped (exit status {code}); re-run `draftsmith quickstart` with "
+                "the same options to continue from its last checkpoint",
+                file=sys.stderr,
+            )
             return code
 
     exported = out / "exported"
@@ -94,22 +108,38 @@ def main(argv: list[str]) -> int:
     with stage("4/4 served acceptance in vLLM", timings):
         from draftsmith.eval.acceptance import format_table, run_acceptance
 
-        result = run_acceptance(str(target), str(out / "heldout_prompts.jsonl"), ["none", "ngram", "suffix"],
-                                {"eagle3": str(exported)}, k=args.k, max_tokens=args.max_tokens,
-                                num_prompts=args.num_prompts, out_dir=str(out / "acceptance"))
+        result = run_acceptance(
+            str(target),
+            str(out / "heldout_prompts.jsonl"),
+            ["none", "ngram", "suffix"],
+            {"eagle3": str(exported)},
+            k=args.k,
+            max_tokens=args.max_tokens,
+            num_prompts=args.num_prompts,
+            out_dir=str(out / "acceptance"),
+        )
 
     timings["total"] = round(time.time() - total, 1)
     train_log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in train_log if "tok_per_s" in r][-1]
     last_eval = [r for r in train_log if "eval/acc" in r][-1]
-    summary = {"stage_seconds": timings, "train": {"steps": last["step"], "tokens": last["tokens"],
-               "tok_per_s": last["tok_per_s"], "eval_acc_per_step": last_eval["eval/acc"],
-               "eval_sim_accept_len": last_eval["eval/sim_accept_len"]},
-               "acceptance": str(out / "acceptance" / "acceptance.json")}
+    summary = {
+        "stage_seconds": timings,
+        "train": {
+            "steps": last["step"],
+            "tokens": last["tokens"],
+            "tok_per_s": last["tok_per_s"],
+            "eval_acc_per_step": last_eval["eval/acc"],
+            "eval_sim_accept_len": last_eval["eval/sim_accept_len"],
+        },
+        "acceptance": str(out / "acceptance" / "acceptance.json"),
+    }
     (out / "quickstart.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("\n" + format_table(result))
-    print(f"\ntraining: {last['tokens']} supervised tokens in {last['step']} steps at {last['tok_per_s']:.0f} tok/s; "
-          f"held-out per-step accuracy {[round(a, 3) for a in last_eval['eval/acc']]}")
+    print(
+        f"\ntraining: {last['tokens']} supervised tokens in {last['step']} steps at {last['tok_per_s']:.0f} tok/s; "
+        f"held-out per-step accuracy {[round(a, 3) for a in last_eval['eval/acc']]}"
+    )
     print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
     print(f"results: {out}/quickstart.json, {out}/acceptance/acceptance.md")
     return 0

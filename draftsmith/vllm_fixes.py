@@ -15,8 +15,13 @@ from __future__ import annotations
 import torch
 
 
-def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
-                           replace_from: int | float = 0, replace_to: int | float = 0) -> torch.Tensor:
+def expand_batch_to_tokens(
+    x: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    num_tokens: int,
+    replace_from: int | float = 0,
+    replace_to: int | float = 0,
+) -> torch.Tensor:
     """Per-request values x [B] -> per-token [num_tokens] (request r owns tokens cu[r-1]..cu[r]-1),
     with entries equal to `replace_from` replaced by `replace_to` (vLLM's contract)."""
     counts = torch.diff(cu_num_tokens.to(torch.long), prepend=torch.zeros(1, dtype=torch.long, device=x.device))

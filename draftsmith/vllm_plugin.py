@@ -47,8 +47,10 @@ def speculative_kwargs(head_dir: str | os.PathLike, k: int | None = None) -> dic
     """LLM(...) keyword arguments that serve the exported MLP speculator at `head_dir` with k tokens."""
     head_dir = str(Path(head_dir).resolve())
     n = json.loads((Path(head_dir) / "config.json").read_text())["n_predict"]
-    return {"speculative_config": {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": k or n},
-            "additional_config": {"mlp_speculator": head_dir}}
+    return {
+        "speculative_config": {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": k or n},
+        "additional_config": {"mlp_speculator": head_dir},
+    }
 
 
 def load_speculator(head_dir: str | os.PathLike, device="cpu", dtype=torch.float32):
@@ -60,7 +62,7 @@ def load_speculator(head_dir: str | os.PathLike, device="cpu", dtype=torch.float
 
     config = validate_mlp_export(head_dir)
     head = MLPSpeculator(config_from_hf(config))
-    state = {k[len("speculator."):]: v for k, v in load_file(Path(head_dir) / "model.safetensors").items()}
+    state = {k[len("speculator.") :]: v for k, v in load_file(Path(head_dir) / "model.safetensors").items()}
     missing = head.load_state_dict(state, strict=False)
     assert set(missing.missing_keys) <= set(head.state_dict()) - set(head.trainable_state_dict()), missing
     return head.to(device=device, dtype=dtype).eval()
@@ -75,8 +77,9 @@ class MLPSpeculatorProposer:
         extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
         head_dir = self.head_dir or extra.get("mlp_speculator") or os.environ.get(ENV)
         if not head_dir:
-            raise ValueError(f"{CLASS_PATH}: no speculator directory; pass additional_config={{'mlp_speculator': DIR}} "
-                             f"or set {ENV}")
+            raise ValueError(
+                f"{CLASS_PATH}: no speculator directory; pass additional_config={{'mlp_speculator': DIR}} or set {ENV}"
+            )
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.head_dir = str(head_dir)
         self.head = None
@@ -111,8 +114,9 @@ class MLPSpeculatorProposer:
         self.captured = {"hidden": hidden, "positions": positions, "qsl": qsl.tolist()}
 
     @torch.no_grad()
-    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec, token_ids_cpu, slot_mappings=None,
-                **_) -> list[list[int]]:
+    def propose(
+        self, sampled_token_ids: list[list[int]], num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **_
+    ) -> list[list[int]]:
         cap = self.captured
         rows, tokens, live = [], [], []
         for i, sampled in enumerate(sampled_token_ids):

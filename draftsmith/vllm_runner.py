@@ -87,8 +87,9 @@ def run(job: dict) -> dict:
     emit("imported", seconds=round(import_s, 2))
 
     t0 = time.perf_counter()
-    llm = LLM(model=job["target"], speculative_config=job["speculative_config"], disable_log_stats=False,
-              **job["engine"])
+    llm = LLM(
+        model=job["target"], speculative_config=job["speculative_config"], disable_log_stats=False, **job["engine"]
+    )
     engine_start_s = time.perf_counter() - t0
     emit("engine_ready", seconds=round(engine_start_s, 2))
     from draftsmith.vllm_fixes import apply as apply_vllm_fixes
@@ -112,15 +113,20 @@ def run(job: dict) -> dict:
     generation_s = 0.0
     for start in range(0, len(prompts), batch):
         t0 = time.perf_counter()
-        results = llm.generate(prompts[start:start + batch], params, use_tqdm=False)
+        results = llm.generate(prompts[start : start + batch], params, use_tqdm=False)
         generation_s += time.perf_counter() - t0
         for r in results:
             outputs.append(list(r.outputs[0].token_ids))
             finish.append(r.outputs[0].finish_reason)
         if job.get("stream_outputs"):  # the parent saves each batch as it lands (resumable regeneration)
             emit("outputs", start=start, token_ids=outputs[start:], finish_reasons=finish[start:])
-        emit("progress", done=len(outputs), total=len(prompts), tokens=sum(map(len, outputs)),
-             seconds=round(generation_s, 2))
+        emit(
+            "progress",
+            done=len(outputs),
+            total=len(prompts),
+            tokens=sum(map(len, outputs)),
+            seconds=round(generation_s, 2),
+        )
     after = read_spec_counters(llm)
 
     return {
@@ -137,8 +143,16 @@ def run(job: dict) -> dict:
         "finish_reasons": finish,
         "torch_threads": torch.get_num_threads(),
         "vllm_patches": patches,
-        "env": {k: os.environ.get(k) for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE",
-                                               "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "LD_PRELOAD")},
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "VLLM_ENABLE_V1_MULTIPROCESSING",
+                "VLLM_CPU_KVCACHE_SPACE",
+                "OMP_NUM_THREADS",
+                "NUMBA_NUM_THREADS",
+                "LD_PRELOAD",
+            )
+        },
     }
 
 

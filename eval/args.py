@@ -18,6 +18,8 @@ def methods_arg(text: str) -> list[str]:
     methods = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in methods if m not in BASELINES]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown method(s) {bad}; choose from {','.join(BASELINES)} "
-                                         "(EAGLE-3 / MLP speculator heads go in --head NAME=DIR)")
+        raise argparse.ArgumentTypeError(
+            f"unknown method(s) {bad}; choose from {','.join(BASELINES)} "
+            "(EAGLE-3 / MLP speculator heads go in --head NAME=DIR)"
+        )
     return methods

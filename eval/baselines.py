@@ -26,12 +26,12 @@ def ngram_propose(tokens: list[int], k: int, min_n: int = 2, max_n: int = 5) -> 
     if total < min_n or k <= 0:
         return []
     for n in range(min(max_n, total - 1), min_n - 1, -1):
-        tail = tokens[total - n:]
+        tail = tokens[total - n :]
         # an earlier occurrence starts at i < total - n (the tail itself does not count)
         for i in range(0, total - n):
-            if tokens[i:i + n] == tail:
+            if tokens[i : i + n] == tail:
                 start = i + n
-                return tokens[start:start + k]
+                return tokens[start : start + k]
     return []
 
 

@@ -33,21 +33,42 @@ def rich_table(result: dict):
     def f(x, spec=".2f"):
         return "—" if x is None else format(x, spec)
 
-    table = Table(title=f"served acceptance, k={result['k']}, {result['num_prompts']} prompts, "
-                        f"max_tokens={result['max_tokens']}, T={result['temperature']}")
-    for col in ("method", "τ", "α", "accept/pos", "tok/step", "tok/s", "speedup", "match none", "gen tok",
-                "gen s", "start s"):
+    table = Table(
+        title=f"served acceptance, k={result['k']}, {result['num_prompts']} prompts, "
+        f"max_tokens={result['max_tokens']}, T={result['temperature']}"
+    )
+    for col in (
+        "method",
+        "τ",
+        "α",
+        "accept/pos",
+        "tok/step",
+        "tok/s",
+        "speedup",
+        "match none",
+        "gen tok",
+        "gen s",
+        "start s",
+    ):
         table.add_column(col, justify="left" if col in ("method", "accept/pos") else "right")
     for name, r in result["methods"].items():
         if r["status"] != "ok":
             table.add_row(name, f"[red]failed[/]: {r['error'][:60]}")
             continue
         pos = r["per_position_acceptance"]
-        table.add_row(name, f(r["mean_acceptance_length"]), f(r["acceptance_rate"]),
-                      "[" + ", ".join(f(p) for p in pos) + "]" if pos else "—",
-                      f(r["tokens_per_target_step"]), f(r["output_tokens_per_s"], ".1f"), f(r["speedup_vs_none"]),
-                      "ref" if name == "none" else f(r["match_vs_none"]), str(r["generated_tokens"]),
-                      f(r["generation_s"], ".1f"), f(r["engine_start_s"], ".1f"))
+        table.add_row(
+            name,
+            f(r["mean_acceptance_length"]),
+            f(r["acceptance_rate"]),
+            "[" + ", ".join(f(p) for p in pos) + "]" if pos else "—",
+            f(r["tokens_per_target_step"]),
+            f(r["output_tokens_per_s"], ".1f"),
+            f(r["speedup_vs_none"]),
+            "ref" if name == "none" else f(r["match_vs_none"]),
+            str(r["generated_tokens"]),
+            f(r["generation_s"], ".1f"),
+            f(r["engine_start_s"], ".1f"),
+        )
     return table
 
 
@@ -57,13 +78,24 @@ MATRIX_FLAGS = ("--workloads", "--ks", "--temperatures", "--no-served", "--no-re
 def acceptance(argv: list[str]) -> int:
     if any(a.split("=")[0] in MATRIX_FLAGS for a in argv):  # a sweep: the matrix runs it (same flags, more axes)
         return matrix(argv)
-    p = argparse.ArgumentParser(prog="draftsmith eval acceptance", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="draftsmith eval acceptance", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", required=True, help="target HF dir or hub id, or `smollm2` (the embedded default)")
-    p.add_argument("--head", type=head_arg, action="append", default=[], metavar="NAME=DIR",
-                   help="an exported head dir (EAGLE-3 or MLP speculator) to run as method NAME (repeatable)")
-    p.add_argument("--methods", type=methods_arg, default=list(BASELINES),
-                   help=f"comma-separated built-in methods (default {','.join(BASELINES)}; '' for heads only)")
+    p.add_argument(
+        "--head",
+        type=head_arg,
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="an exported head dir (EAGLE-3 or MLP speculator) to run as method NAME (repeatable)",
+    )
+    p.add_argument(
+        "--methods",
+        type=methods_arg,
+        default=list(BASELINES),
+        help=f"comma-separated built-in methods (default {','.join(BASELINES)}; '' for heads only)",
+    )
     p.add_argument("--prompts", required=True, help="JSONL of {messages}|{prompt}|{turns}|{question}")
     p.add_argument("--num-prompts", type=int, default=None, help="the first N prompts (default: all)")
     p.add_argument("--k", type=int, default=3, help="speculative tokens per step")
@@ -73,13 +105,25 @@ def acceptance(argv: list[str]) -> int:
     p.add_argument("--dtype", default=ENGINE_DEFAULTS["dtype"], choices=["float32", "bfloat16", "float16", "auto"])
     p.add_argument("--ngram-min", type=int, default=ENGINE_DEFAULTS["ngram_min"], help="shortest n-gram looked up")
     p.add_argument("--ngram-max", type=int, default=ENGINE_DEFAULTS["ngram_max"], help="longest n-gram looked up")
-    p.add_argument("--batch-size", type=int, default=ENGINE_DEFAULTS["batch_size"],
-                   help="prompts per generate call (1 = latency regime)")
-    p.add_argument("--kv-cache-gib", type=int, default=None,
-                   help="VLLM_CPU_KVCACHE_SPACE for each engine (default: the environment's, else 2)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=ENGINE_DEFAULTS["batch_size"],
+        help="prompts per generate call (1 = latency regime)",
+    )
+    p.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=None,
+        help="VLLM_CPU_KVCACHE_SPACE for each engine (default: the environment's, else 2)",
+    )
     p.add_argument("--max-model-len", type=int, default=None, help="default: longest prompt + max_tokens + k + 1")
-    p.add_argument("--threads", type=int, default=None,
-                   help="OMP_NUM_THREADS per engine (default: the environment's, else 1; reported)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS per engine (default: the environment's, else 1; reported)",
+    )
     p.add_argument("--timeout", type=float, default=None, help="seconds per method before it is killed")
     p.add_argument("--out", required=True, help="output directory")
     args = p.parse_args(argv)
@@ -90,11 +134,25 @@ def acceptance(argv: list[str]) -> int:
 
     try:
         result = run_acceptance(
-            args.target, args.prompts, args.methods, dict(args.head), k=args.k, max_tokens=args.max_tokens,
-            num_prompts=args.num_prompts, out_dir=args.out, temperature=args.temperature, seed=args.seed,
-            dtype=args.dtype, ngram_min=args.ngram_min, ngram_max=args.ngram_max, batch_size=args.batch_size,
-            kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len, threads=args.threads,
-            timeout_s=args.timeout)
+            args.target,
+            args.prompts,
+            args.methods,
+            dict(args.head),
+            k=args.k,
+            max_tokens=args.max_tokens,
+            num_prompts=args.num_prompts,
+            out_dir=args.out,
+            temperature=args.temperature,
+            seed=args.seed,
+            dtype=args.dtype,
+            ngram_min=args.ngram_min,
+            ngram_max=args.ngram_max,
+            batch_size=args.batch_size,
+            kv_cache_gib=args.kv_cache_gib,
+            max_model_len=args.max_model_len,
+            threads=args.threads,
+            timeout_s=args.timeout,
+        )
     except (PromptFileError, FileNotFoundError, ValueError) as e:
         print(f"draftsmith eval acceptance: {e}", file=sys.stderr)
         return 2

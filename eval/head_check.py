@@ -17,8 +17,15 @@ from pathlib import Path, PurePosixPath
 
 from draftsmith.train.checkpoint import CheckpointError, check_head_fits_target
 
-MODEL_FIELDS = ("architectures", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size",
-                "num_attention_heads", "num_key_value_heads")
+MODEL_FIELDS = (
+    "architectures",
+    "hidden_size",
+    "num_hidden_layers",
+    "vocab_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
 
 
 def _read_json(path: Path) -> dict:
@@ -40,19 +47,29 @@ def exported_head_config(head_dir: str | os.PathLike) -> dict:
         verifier = None
     elif "speculators_model_type" in config:
         layer = config.get("transformer_layer_config") or {}
-        out = {"vocab_size": layer.get("vocab_size"), "target_hidden_size": config.get("target_hidden_size"),
-               "draft_vocab_size": config.get("draft_vocab_size"),
-               "aux_layer_ids": config.get("eagle_aux_hidden_state_layer_ids")}
+        out = {
+            "vocab_size": layer.get("vocab_size"),
+            "target_hidden_size": config.get("target_hidden_size"),
+            "draft_vocab_size": config.get("draft_vocab_size"),
+            "aux_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
+        }
         verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     else:  # native LlamaForCausalLMEagle3
-        out = {"vocab_size": config.get("vocab_size"), "target_hidden_size": config.get("target_hidden_size"),
-               "draft_vocab_size": config.get("draft_vocab_size"),
-               "aux_layer_ids": (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")}
+        out = {
+            "vocab_size": config.get("vocab_size"),
+            "target_hidden_size": config.get("target_hidden_size"),
+            "draft_vocab_size": config.get("draft_vocab_size"),
+            "aux_layer_ids": (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"),
+        }
         verifier = None
     # the native and MLP dialects record no verifier in config.json: draftsmith.json has the one exported for,
     # older exports only the target the head was trained on
-    verifier = (verifier or extra.get("verifier")
-                or ((extra.get("head_config") or {}).get("target") or {}).get("name_or_path") or "")
+    verifier = (
+        verifier
+        or extra.get("verifier")
+        or ((extra.get("head_config") or {}).get("target") or {}).get("name_or_path")
+        or ""
+    )
     return {**{k: v for k, v in out.items() if v is not None}, "target": {"name_or_path": verifier}}
 
 
@@ -132,14 +149,19 @@ def check_verifier(recorded: str, target: str, where, what: str = "exported") ->
     why = model_difference(recorded, target)
     if why is None:
         return
-    fix = (f"serve it with --target {recorded}, or, if {target} truly is the same model, re-export it for that "
-           f"target (`draftsmith export --target {target} CHECKPOINT {where}`)" if what == "exported" else
-           f"evaluate it with --target {recorded}, or, if {target} truly is the same model, export it yourself "
-           f"(`draftsmith export --target {target} {where} OUT`) and pass OUT as the head")
+    fix = (
+        f"serve it with --target {recorded}, or, if {target} truly is the same model, re-export it for that "
+        f"target (`draftsmith export --target {target} CHECKPOINT {where}`)"
+        if what == "exported"
+        else f"evaluate it with --target {recorded}, or, if {target} truly is the same model, export it yourself "
+        f"(`draftsmith export --target {target} {where} OUT`) and pass OUT as the head"
+    )
     noun = "verifier" if what == "exported" else "target"
-    raise CheckpointError(f"head {where} was {what} for {noun} {recorded}, but --target is {target} ({why}): "
-                          f"its drafts would be measured against the wrong model (vLLM checks only tensor shapes). "
-                          f"To fix: {fix}.")
+    raise CheckpointError(
+        f"head {where} was {what} for {noun} {recorded}, but --target is {target} ({why}): "
+        f"its drafts would be measured against the wrong model (vLLM checks only tensor shapes). "
+        f"To fix: {fix}."
+    )
 
 
 def check_head_for_target(head: str | os.PathLike, target: str, target_config=None) -> None:
@@ -147,8 +169,10 @@ def check_head_for_target(head: str | os.PathLike, target: str, target_config=No
     hidden or vocab size, aux layer ids beyond its layers, or a recorded verifier that is another model."""
     head = Path(head)
     if not head.exists():
-        raise CheckpointError(f"head {head} does not exist: give an exported head directory (draftsmith export "
-                              f"writes one), a training checkpoint directory or a run's output_dir.")
+        raise CheckpointError(
+            f"head {head} does not exist: give an exported head directory (draftsmith export "
+            f"writes one), a training checkpoint directory or a run's output_dir."
+        )
     if target_config is None:
         from transformers import AutoConfig
 

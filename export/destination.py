@@ -21,8 +21,11 @@ EXPORT_FILES = {"config.json", "model.safetensors", "draftsmith.json"}  # all th
 def _is_head_config(config: dict) -> bool:
     """A config.json of an exported draft head: speculators, native EAGLE-3 or MLP speculator."""
     archs = config.get("architectures") or []
-    return ("speculators_model_type" in config or config.get("model_type") == "mlp_speculator"
-            or any("eagle3" in str(a).lower() for a in archs))
+    return (
+        "speculators_model_type" in config
+        or config.get("model_type") == "mlp_speculator"
+        or any("eagle3" in str(a).lower() for a in archs)
+    )
 
 
 def is_previous_export(path: str | os.PathLike) -> bool:
@@ -61,29 +64,37 @@ def _check_not_source(sources: list[Path], out: Path) -> None:
         raise ConfigError(
             f"export destination {out} {what}: the export replaces OUT as a whole, which would delete the head "
             f"being exported. Pick a directory outside it, e.g. exported/{real_src.name}; --force does not "
-            f"override this.")
+            f"override this."
+        )
 
 
-def check_export_destination(source: str | os.PathLike | Iterable | None, out: str | os.PathLike,
-                             force: bool = False) -> None:
+def check_export_destination(
+    source: str | os.PathLike | Iterable | None, out: str | os.PathLike, force: bool = False
+) -> None:
     """Refuse an OUT whose replacement would lose something (see the module docstring); returns if OUT is safe."""
     out = Path(out)
     if out.is_symlink():  # atomic_dir cannot replace a link, and the user may mean the directory behind it
-        raise ConfigError(f"export destination {out} is a symbolic link (to {os.readlink(out)}); give the "
-                          f"directory itself or a new path.")
+        raise ConfigError(
+            f"export destination {out} is a symbolic link (to {os.readlink(out)}); give the "
+            f"directory itself or a new path."
+        )
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"export destination {out} is a file; pick a directory (a new path, or a previous "
-                          f"export to replace): the export writes config.json and model.safetensors into it.")
+        raise ConfigError(
+            f"export destination {out} is a file; pick a directory (a new path, or a previous "
+            f"export to replace): the export writes config.json and model.safetensors into it."
+        )
     parent = out.absolute().parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise ConfigError(f"export destination {out}: {parent} is a file, so no directory can be made there; "
-                          f"pick another path.")
+        raise ConfigError(
+            f"export destination {out}: {parent} is a file, so no directory can be made there; pick another path."
+        )
     _check_not_source(_paths(source), out)
     if force or not out.is_dir() or not any(out.iterdir()) or is_previous_export(out):
         return
     raise ConfigError(
         f"export destination {out} is a non-empty directory that is not a previous export (it holds "
         f"{_listing(out)}): the export replaces OUT as a whole, which would delete those files. Pick a new or "
-        f"empty directory, or add --force to replace {out} and everything in it.")
+        f"empty directory, or add --force to replace {out} and everything in it."
+    )

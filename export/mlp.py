@@ -22,8 +22,19 @@ from draftsmith.export.vllm import ExportError
 from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
 
 ARCH = "MLPSpeculatorPreTrainedModel"
-CONFIG_KEYS = {"architectures", "model_type", "emb_dim", "inner_dim", "n_predict", "top_k_tokens_per_head",
-               "n_candidates", "tie_weights", "scale_input", "vocab_size", "torch_dtype"}
+CONFIG_KEYS = {
+    "architectures",
+    "model_type",
+    "emb_dim",
+    "inner_dim",
+    "n_predict",
+    "top_k_tokens_per_head",
+    "n_candidates",
+    "tie_weights",
+    "scale_input",
+    "vocab_size",
+    "torch_dtype",
+}
 
 
 def expected_shapes(cfg: MLPSpeculatorConfig) -> dict[str, tuple]:
@@ -33,7 +44,7 @@ def expected_shapes(cfg: MLPSpeculatorConfig) -> dict[str, tuple]:
     shapes = {f"head.{i}.weight": (V, D) for i in range(n)}
     for i in stages:
         shapes.update({f"emb.{i}.weight": (V, D), f"ln.{i}.weight": (D,), f"ln.{i}.bias": (D,)})
-    for i in ([0, 1] if cfg.tie_weights else range(n)):
+    for i in [0, 1] if cfg.tie_weights else range(n):
         shapes[f"proj.{i}.weight"] = (D, E if i == 0 else D)
     return shapes
 
@@ -65,9 +76,14 @@ def check_target(cfg: MLPSpeculatorConfig, target_config) -> None:
 
 
 def config_from_hf(config: dict) -> MLPSpeculatorConfig:
-    return MLPSpeculatorConfig(emb_dim=config["emb_dim"], vocab_size=config["vocab_size"],
-                               inner_dim=config["inner_dim"], n_predict=config["n_predict"],
-                               tie_weights=config["tie_weights"], scale_input=config["scale_input"])
+    return MLPSpeculatorConfig(
+        emb_dim=config["emb_dim"],
+        vocab_size=config["vocab_size"],
+        inner_dim=config["inner_dim"],
+        n_predict=config["n_predict"],
+        tie_weights=config["tie_weights"],
+        scale_input=config["scale_input"],
+    )
 
 
 def validate_mlp_export(out_dir: str | os.PathLike, target_config=None) -> dict:
@@ -77,8 +93,10 @@ def validate_mlp_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     if config.get("model_type") != "mlp_speculator" or config.get("architectures") != [ARCH]:
         raise ExportError(f"{out_dir}/config.json is not an {ARCH} config")
     if set(config) != CONFIG_KEYS:
-        raise ExportError(f"config keys differ: missing {sorted(CONFIG_KEYS - set(config))}, "
-                          f"unexpected {sorted(set(config) - CONFIG_KEYS)}")
+        raise ExportError(
+            f"config keys differ: missing {sorted(CONFIG_KEYS - set(config))}, "
+            f"unexpected {sorted(set(config) - CONFIG_KEYS)}"
+        )
     if len(config["top_k_tokens_per_head"]) != config["n_predict"]:
         raise ExportError("top_k_tokens_per_head must have n_predict entries (HF's config asserts it)")
     cfg = config_from_hf(config)
@@ -95,9 +113,17 @@ def validate_mlp_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     return config
 
 
-def export_mlp_speculator(state: dict[str, torch.Tensor], cfg: MLPSpeculatorConfig, out_dir: str | os.PathLike, *,
-                          verifier: str = "", dtype: str = "float32", target_config=None, source=None,
-                          force: bool = False) -> Path:
+def export_mlp_speculator(
+    state: dict[str, torch.Tensor],
+    cfg: MLPSpeculatorConfig,
+    out_dir: str | os.PathLike,
+    *,
+    verifier: str = "",
+    dtype: str = "float32",
+    target_config=None,
+    source=None,
+    force: bool = False,
+) -> Path:
     """Write config.json + model.safetensors atomically, then validate the result (`out_dir` is checked first,
     as in `export_eagle3`: never a file, the checkpoint's own directory, or unrelated files without `force`)."""
     check_export_destination(source, out_dir, force)
@@ -109,7 +135,9 @@ def export_mlp_speculator(state: dict[str, torch.Tensor], cfg: MLPSpeculatorConf
     with atomic_dir(out_dir) as tmp:
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
-        (tmp / "draftsmith.json").write_text(json.dumps({"family": "mlp_speculator", "verifier": verifier,
-                                                         "head_config": cfg.to_dict()}, indent=2) + "\n")
+        (tmp / "draftsmith.json").write_text(
+            json.dumps({"family": "mlp_speculator", "verifier": verifier, "head_config": cfg.to_dict()}, indent=2)
+            + "\n"
+        )
         validate_mlp_export(tmp, target_config)  # an export that fails its own contract never replaces a good one
     return out_dir

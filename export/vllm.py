@@ -25,9 +25,16 @@ from draftsmith.train.heads.eagle3 import Eagle3Config
 SPECULATORS_ARCH = "Eagle3DraftModel"  # as speculators >= 0.9 writes it; vLLM keys on speculators_model_type
 NATIVE_ARCH = "LlamaForCausalLMEagle3"
 LAYER_KEYS = [
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-    "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "input_layernorm.weight",
+    "hidden_norm.weight",
+    "post_attention_layernorm.weight",
 ]
 
 
@@ -107,8 +114,9 @@ def speculators_config(cfg: Eagle3Config, verifier: str, k: int, dtype: str) -> 
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "speculators_config": {
             "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": k, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+            ],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier, "architectures": list(cfg.target.get("architectures") or [])},
         },
@@ -118,13 +126,15 @@ def speculators_config(cfg: Eagle3Config, verifier: str, k: int, dtype: str) -> 
 
 def native_config(cfg: Eagle3Config, dtype: str) -> dict:
     out = transformer_layer_config(cfg, dtype)
-    out.update({
-        "architectures": [NATIVE_ARCH],
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "target_hidden_size": cfg.target_hidden_size,
-        "norm_before_residual": cfg.norm_before_residual,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
-    })
+    out.update(
+        {
+            "architectures": [NATIVE_ARCH],
+            "draft_vocab_size": cfg.draft_vocab_size,
+            "target_hidden_size": cfg.target_hidden_size,
+            "norm_before_residual": cfg.norm_before_residual,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
+        }
+    )
     return out
 
 
@@ -147,7 +157,9 @@ def check_target(cfg: Eagle3Config, target_config) -> None:
     if target_config.vocab_size != cfg.vocab_size:
         problems.append(f"vocab_size {target_config.vocab_size} != head's {cfg.vocab_size}")
     if target_config.hidden_size != cfg.target_hidden_size:
-        problems.append(f"hidden_size {target_config.hidden_size} != head's target_hidden_size {cfg.target_hidden_size}")
+        problems.append(
+            f"hidden_size {target_config.hidden_size} != head's target_hidden_size {cfg.target_hidden_size}"
+        )
     n = target_config.num_hidden_layers
     if cfg.target.get("num_hidden_layers") not in (None, n):
         problems.append(f"num_hidden_layers {n} != {cfg.target['num_hidden_layers']} the head was trained on")
@@ -178,11 +190,17 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     if len(ids) != len(set(ids)) or len(ids) < 1:
         raise ExportError(f"aux layer ids {ids} must be distinct (vLLM crashes at start-up otherwise)")
     cfg = Eagle3Config(
-        hidden_size=layer_cfg["hidden_size"], num_attention_heads=layer_cfg["num_attention_heads"],
-        num_key_value_heads=layer_cfg["num_key_value_heads"], head_dim=layer_cfg["head_dim"],
-        intermediate_size=layer_cfg["intermediate_size"], vocab_size=layer_cfg["vocab_size"],
-        draft_vocab_size=config["draft_vocab_size"], target_hidden_size=config["target_hidden_size"],
-        aux_layer_ids=ids, rms_norm_eps=layer_cfg["rms_norm_eps"], rope_theta=layer_cfg["rope_theta"],
+        hidden_size=layer_cfg["hidden_size"],
+        num_attention_heads=layer_cfg["num_attention_heads"],
+        num_key_value_heads=layer_cfg["num_key_value_heads"],
+        head_dim=layer_cfg["head_dim"],
+        intermediate_size=layer_cfg["intermediate_size"],
+        vocab_size=layer_cfg["vocab_size"],
+        draft_vocab_size=config["draft_vocab_size"],
+        target_hidden_size=config["target_hidden_size"],
+        aux_layer_ids=ids,
+        rms_norm_eps=layer_cfg["rms_norm_eps"],
+        rope_theta=layer_cfg["rope_theta"],
         max_position_embeddings=layer_cfg["max_position_embeddings"],
     )
     want = expected_shapes(cfg, prefix)
@@ -199,9 +217,19 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     return config
 
 
-def export_eagle3(state: dict[str, torch.Tensor], cfg: Eagle3Config, out_dir: str | os.PathLike, *,
-                  verifier: str, dialect: str = "speculators", k: int | None = None,
-                  dtype: str = "float32", target_config=None, source=None, force: bool = False) -> Path:
+def export_eagle3(
+    state: dict[str, torch.Tensor],
+    cfg: Eagle3Config,
+    out_dir: str | os.PathLike,
+    *,
+    verifier: str,
+    dialect: str = "speculators",
+    k: int | None = None,
+    dtype: str = "float32",
+    target_config=None,
+    source=None,
+    force: bool = False,
+) -> Path:
     """Write config.json + model.safetensors atomically, then validate the result.
 
     `out_dir` is replaced as a whole: refused if it is a file, is or contains `source` (the checkpoint), or is a
@@ -219,16 +247,27 @@ def export_eagle3(state: dict[str, torch.Tensor], cfg: Eagle3Config, out_dir: st
     tensors = {}
     for name, t in state.items():
         if dialect == "native" and name.startswith("layers.0."):
-            name = "midlayer." + name[len("layers.0."):]
-        tensors[name] = t.detach().to("cpu").contiguous() if not t.is_floating_point() else t.detach().to("cpu", torch_dtype).contiguous()
-    config = (speculators_config(cfg, verifier, k or cfg.ttt_steps, dtype) if dialect == "speculators"
-              else native_config(cfg, dtype))
+            name = "midlayer." + name[len("layers.0.") :]
+        tensors[name] = (
+            t.detach().to("cpu").contiguous()
+            if not t.is_floating_point()
+            else t.detach().to("cpu", torch_dtype).contiguous()
+        )
+    config = (
+        speculators_config(cfg, verifier, k or cfg.ttt_steps, dtype)
+        if dialect == "speculators"
+        else native_config(cfg, dtype)
+    )
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         # the verifier also here: the native dialect's config.json has no place for it (eval checks it)
-        (tmp / "draftsmith.json").write_text(json.dumps({"family": "eagle3", "dialect": dialect, "verifier": verifier,
-                                                         "head_config": cfg.to_dict()}, indent=2) + "\n")
+        (tmp / "draftsmith.json").write_text(
+            json.dumps(
+                {"family": "eagle3", "dialect": dialect, "verifier": verifier, "head_config": cfg.to_dict()}, indent=2
+            )
+            + "\n"
+        )
         validate_export(tmp, target_config)  # an export that fails its own contract never replaces a good one
     return out_dir

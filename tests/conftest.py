@@ -31,8 +31,14 @@ def build_tiny_llama(vocab_size: int, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **TINY)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        **TINY,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 

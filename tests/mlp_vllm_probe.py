@@ -53,16 +53,21 @@ def main():
         spec = {"speculative_config": {"method": "custom_class", "model": head_dir, "num_speculative_tokens": int(k)}}
     else:
         spec = speculative_kwargs(head_dir, int(k)) if head_dir != "none" else {}
-    llm = LLM(model=target, enforce_eager=True, dtype="float32", max_model_len=256, disable_log_stats=False, seed=0,
-              **spec)
+    llm = LLM(
+        model=target, enforce_eager=True, dtype="float32", max_model_len=256, disable_log_stats=False, seed=0, **spec
+    )
     cls = llm.collective_rpc(install)[0] if spec else None
-    res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], SamplingParams(temperature=0, max_tokens=24))
+    res = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], SamplingParams(temperature=0, max_tokens=24)
+    )
     metrics = {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode"):
             metrics[m.name] = getattr(m, "values", None) or getattr(m, "value", None)
-    torch.save({"calls": CALLS, "outputs": [list(r.outputs[0].token_ids) for r in res], "metrics": metrics,
-                "drafter": cls}, out)
+    torch.save(
+        {"calls": CALLS, "outputs": [list(r.outputs[0].token_ids) for r in res], "metrics": metrics, "drafter": cls},
+        out,
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Fuzz: generated garbage through the data pipeline never raises anything but DataError, and every good record survives."""
+"""Fuzz: garbage through the data pipeline never raises anything but DataError, and every good record survives."""
 
 import json
 import random
@@ -15,9 +15,18 @@ def good(i: int, rng: random.Random) -> dict:
     if i == 3:
         answer = "A very long answer that will be truncated. " * 2000  # over-long: truncated, still trained on
     if rng.random() < 0.5:
-        return {"id": f"good{i}", "conversations": [{"from": "human", "value": f"Question {i}?"}, {"from": "gpt", "value": answer}]}
-    return {"id": f"good{i}", "messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": f"Q{i}"},
-                                            {"role": "assistant", "content": answer}]}
+        return {
+            "id": f"good{i}",
+            "conversations": [{"from": "human", "value": f"Question {i}?"}, {"from": "gpt", "value": answer}],
+        }
+    return {
+        "id": f"good{i}",
+        "messages": [
+            {"role": "system", "content": "Be kind."},
+            {"role": "user", "content": f"Q{i}"},
+            {"role": "assistant", "content": answer},
+        ],
+    }
 
 
 def garbage(i: int, rng: random.Random) -> bytes:
@@ -30,21 +39,39 @@ def garbage(i: int, rng: random.Random) -> bytes:
         lambda: json.dumps({"id": gid}).encode(),  # missing keys
         lambda: json.dumps({"id": gid, "conversations": rng.choice([None, 5, "hi", {"a": 1}])}).encode(),  # wrong types
         lambda: json.dumps({"id": gid, "conversations": [1, "x", None]}).encode(),
-        lambda: json.dumps({"id": gid, "messages": [{"role": {"nested": ["junk"]}, "content": "hi"},
-                                                    {"role": "assistant", "content": "yo"}]}).encode(),  # unhashable role
+        lambda: json.dumps(
+            {
+                "id": gid,
+                "messages": [{"role": {"nested": ["junk"]}, "content": "hi"}, {"role": "assistant", "content": "yo"}],
+            }
+        ).encode(),  # unhashable role
         lambda: json.dumps({"id": gid, "messages": [{"role": ["user"], "content": "hi"}]}).encode(),
-        lambda: json.dumps({"id": gid, "messages": [{"role": "user", "content": {"text": [1, {"x": None}]}},
-                                                    {"role": "assistant", "content": "ok"}]}).encode(),  # nested content
-        lambda: json.dumps({"id": gid, "messages": [{"role": "user", "content": ""},
-                                                    {"role": "assistant", "content": "ok"}]}).encode(),  # empty string
-        lambda: json.dumps({"id": gid, "messages": [{"role": "user", "content": "only a question"}]}).encode(),  # no answer
-        lambda: json.dumps({"id": gid, "messages": [{"role": "assistant", "content": "a"},
-                                                    {"role": "assistant", "content": "b"}]}).encode(),  # order, no user
+        lambda: json.dumps(
+            {
+                "id": gid,
+                "messages": [
+                    {"role": "user", "content": {"text": [1, {"x": None}]}},
+                    {"role": "assistant", "content": "ok"},
+                ],
+            }
+        ).encode(),  # nested content
+        lambda: json.dumps(
+            {"id": gid, "messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "ok"}]}
+        ).encode(),  # empty string
+        lambda: json.dumps(
+            {"id": gid, "messages": [{"role": "user", "content": "only a question"}]}
+        ).encode(),  # no answer
+        lambda: json.dumps(
+            {"id": gid, "messages": [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}
+        ).encode(),  # order, no user
         lambda: json.dumps({"id": gid, "conversations": [{"from": "wizard", "value": "x"}]}).encode(),  # unknown role
         lambda: b'{"id": "' + gid.encode() + b'", "messages": [{"role": "user", "content": "\xff\xfe"}]}',  # non-UTF-8
-        lambda: json.dumps({"id": gid, "messages": [{"role": "user", "content": "\ud800 lone"},
-                                                    {"role": "assistant", "content": "x"}]}).encode(),  # surrogate
-        lambda: json.dumps({"id": gid, "messages": [{"role": "user", "content": "x" * 300_000}]}).encode(),  # huge, no answer
+        lambda: json.dumps(
+            {"id": gid, "messages": [{"role": "user", "content": "\ud800 lone"}, {"role": "assistant", "content": "x"}]}
+        ).encode(),  # surrogate
+        lambda: json.dumps(
+            {"id": gid, "messages": [{"role": "user", "content": "x" * 300_000}]}
+        ).encode(),  # huge, no answer
         lambda: ("[" * rng.randint(1, 3000)).encode(),  # deep nesting
         lambda: json.dumps({"id": gid, "messages": [{"content": "no role"}, {"role": "assistant"}]}).encode(),
     ]
@@ -93,7 +120,7 @@ def test_corrupted_json_array_raises_only_dataerror(tmp_path, seed):
         elif op == "insert":
             raw[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
         else:
-            del raw[pos:pos + rng.randint(1, 8)]
+            del raw[pos : pos + rng.randint(1, 8)]
     if rng.random() < 0.5:
         raw = raw[: rng.randrange(1, len(raw))]  # and maybe truncated
     path = tmp_path / "corrupt.json"
@@ -116,7 +143,10 @@ def test_fatal_problems_stop_before_training(tmp_path, tokenizer):
     only_junk = tmp_path / "junk.jsonl"
     only_junk.write_bytes(b'{"id": 1}\n\xff\xfe\n[1, 2]\n')
     cfg = SimpleNamespace(path=str(only_junk), num_conversations=None, heldout=0, max_length=256, seed=0)
-    with pytest.raises(DataError, match=r"(?s)junk.jsonl: no training conversations left.*skipped 3.*junk.jsonl:line 2: non-UTF-8 bytes"):
+    with pytest.raises(
+        DataError,
+        match=r"(?s)junk.jsonl: no training conversations left.*skipped 3.*junk.jsonl:line 2: non-UTF-8 bytes",
+    ):
         prepare_data(cfg, tokenizer, cache_dir=None)
     with pytest.raises(DataError, match="no such file"):
         prepare_data(SimpleNamespace(**{**vars(cfg), "path": str(tmp_path / "missing.jsonl")}), tokenizer, None)
@@ -127,7 +157,12 @@ def test_tokenizer_that_is_not_the_targets_stops_before_data_prep(tmp_path, toke
 
     from draftsmith.train.build import build_data_and_vocab
 
-    cfg = OmegaConf.create({"target": {"name_or_path": "some-128-token-model", "vocab_size": 128},
-                            "data": {"path": str(tmp_path / "never_read.jsonl")}, "head": {"draft_vocab_size": 64}})
+    cfg = OmegaConf.create(
+        {
+            "target": {"name_or_path": "some-128-token-model", "vocab_size": 128},
+            "data": {"path": str(tmp_path / "never_read.jsonl")},
+            "head": {"draft_vocab_size": 64},
+        }
+    )
     with pytest.raises(DataError, match=r"has 49152 tokens but the target 'some-128-token-model' has 128 embeddings"):
         build_data_and_vocab(cfg, tokenizer, tmp_path / "run")

@@ -12,8 +12,19 @@ import pytest
 import torch
 
 from draftsmith.train.data import (
-    DataError, ReadStats, Sample, build_draft_vocab, collate, count_supervised, coverage_report, make_batches,
-    prepare_data, read_conversations, render, render_prompt, split_heldout,
+    DataError,
+    ReadStats,
+    Sample,
+    build_draft_vocab,
+    collate,
+    count_supervised,
+    coverage_report,
+    make_batches,
+    prepare_data,
+    read_conversations,
+    render,
+    render_prompt,
+    split_heldout,
 )
 from draftsmith.train.data import conversations as conv_mod
 from draftsmith.train.data.conversations import Conversation
@@ -42,16 +53,23 @@ def read(path, **kw):
 
 # ---------------------------------------------------------------- reading
 
+
 def test_sharegpt_json_roles_mapped(tmp_path):
-    recs = [sharegpt(0, ("system", "Be brief."), ("human", "Hi"), ("gpt", "Hello"), ("human", "Bye"), ("chatgpt", "Ciao")),
-            sharegpt(1, ("user", "Q"), ("bing", "A"))]
+    recs = [
+        sharegpt(0, ("system", "Be brief."), ("human", "Hi"), ("gpt", "Hello"), ("human", "Bye"), ("chatgpt", "Ciao")),
+        sharegpt(1, ("user", "Q"), ("bing", "A")),
+    ]
     p = tmp_path / "d.json"
     p.write_text(json.dumps(recs, indent=2))
     convs, stats = read(p)
     assert [c.id for c in convs] == ["c0", "c1"]
-    assert convs[0].messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                                 {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"},
-                                 {"role": "assistant", "content": "Ciao"}]
+    assert convs[0].messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Ciao"},
+    ]
     assert (stats.read, stats.kept, stats.skipped, stats.truncated) == (2, 2, {}, False)
 
 
@@ -81,8 +99,9 @@ def test_truncated_json_array_recovers_complete_records(tmp_path, monkeypatch):
 
 def test_json_array_bad_records_skipped(tmp_path):
     good = sharegpt(0, ("human", "q"), ("gpt", "a"))
-    body = json.dumps([good, "just a string", sharegpt(2, ("human", "q"), ("gpt", 5)),
-                       sharegpt(3, ("human", "q"), ("gpt", "BAD"))]).encode()
+    body = json.dumps(
+        [good, "just a string", sharegpt(2, ("human", "q"), ("gpt", 5)), sharegpt(3, ("human", "q"), ("gpt", "BAD"))]
+    ).encode()
     p = tmp_path / "d.json"
     p.write_bytes(body.replace(b"BAD", b"B\xffD"))  # an undecodable byte inside record 3
     with warnings.catch_warnings():
@@ -106,11 +125,13 @@ def test_jsonl_malformed_and_non_utf8_lines(tmp_path):
 
 
 def test_empty_content_and_no_exchange_skipped(tmp_path):
-    recs = [openai(("user", "q"), ("assistant", "")),
-            openai(("user", "only a question")),
-            openai(("assistant", "orphan answer"), ("user", "q")),
-            {"id": "x", "conversations": "not a list"},
-            openai(("user", "q"), ("assistant", "a"))]
+    recs = [
+        openai(("user", "q"), ("assistant", "")),
+        openai(("user", "only a question")),
+        openai(("assistant", "orphan answer"), ("user", "q")),
+        {"id": "x", "conversations": "not a list"},
+        openai(("user", "q"), ("assistant", "a")),
+    ]
     convs, stats = read(write_jsonl(tmp_path / "d.jsonl", recs))
     assert len(convs) == 1
     assert stats.skipped == {"empty content": 1, "no exchange": 2, "no messages": 1}
@@ -118,9 +139,18 @@ def test_empty_content_and_no_exchange_skipped(tmp_path):
 
 
 def test_role_order_violation_keeps_prefix(tmp_path):
-    recs = [sharegpt(0, ("gpt", "leading answer"), ("human", "q1"), ("gpt", "a1"), ("human", "q2"), ("human", "q2 again"),
-                     ("gpt", "a2")),
-            sharegpt(1, ("human", "q1"), ("gpt", "a1"), ("human", "unanswered"))]
+    recs = [
+        sharegpt(
+            0,
+            ("gpt", "leading answer"),
+            ("human", "q1"),
+            ("gpt", "a1"),
+            ("human", "q2"),
+            ("human", "q2 again"),
+            ("gpt", "a2"),
+        ),
+        sharegpt(1, ("human", "q1"), ("gpt", "a1"), ("human", "unanswered")),
+    ]
     p = tmp_path / "d.json"
     p.write_text(json.dumps(recs))
     convs, stats = read(p)
@@ -144,7 +174,7 @@ def test_missing_file_and_unknown_format(tmp_path):
 def test_json_array_syntax_error_is_fatal_with_record_index(tmp_path):
     good = json.dumps(sharegpt(0, ("human", "q"), ("gpt", "a")))
     p = tmp_path / "bad.json"
-    p.write_text(f"[{good}, {{\"id\": \"c1\",, }}, {good}]")
+    p.write_text(f'[{good}, {{"id": "c1",, }}, {good}]')
     with pytest.raises(DataError, match=r"bad.json:record 1: malformed JSON"):
         list(read_conversations(str(p)))
 
@@ -155,15 +185,24 @@ def _syntax_error_near_the_end(good, bad_tail) -> str:
 
 
 @pytest.mark.parametrize("chunk", [7, 1 << 20])  # records span many chunks, or the whole file is one
-@pytest.mark.parametrize("bad_tail, record, line, msg", [
-    ('{"id": "b", "messages": [{"role": "user", "content": "q"}] ,, }', 1, 2, "Expecting property name"),
-    ('{"id": "b", "messages": [{"role": "user", "content": "q"}] x}', 1, 2, "Expecting ',' delimiter"),  # stray char
-    ('{"id": "b"\n "messages": []}', 1, 3, "Expecting ',' delimiter"),  # a missing comma between keys
-    ('{"id": "b", "messages": []},', 2, 2, "Expecting value"),  # a trailing comma: the "record" after it is empty
-    ('{"id": "b}', 1, 2, "Invalid control character"),  # a missing quote: the string swallows the closing ]
-])
-def test_json_array_syntax_error_near_the_end_is_fatal_not_truncation(tmp_path, monkeypatch, chunk, bad_tail, record,
-                                                                       line, msg):
+@pytest.mark.parametrize(
+    "bad_tail, record, line, msg",
+    [
+        ('{"id": "b", "messages": [{"role": "user", "content": "q"}] ,, }', 1, 2, "Expecting property name"),
+        (
+            '{"id": "b", "messages": [{"role": "user", "content": "q"}] x}',
+            1,
+            2,
+            "Expecting ',' delimiter",
+        ),  # stray char
+        ('{"id": "b"\n "messages": []}', 1, 3, "Expecting ',' delimiter"),  # a missing comma between keys
+        ('{"id": "b", "messages": []},', 2, 2, "Expecting value"),  # a trailing comma: the "record" after it is empty
+        ('{"id": "b}', 1, 2, "Invalid control character"),  # a missing quote: the string swallows the closing ]
+    ],
+)
+def test_json_array_syntax_error_near_the_end_is_fatal_not_truncation(
+    tmp_path, monkeypatch, chunk, bad_tail, record, line, msg
+):
     """More text after the error means a syntax error (fatal, with line and column), not a file that was cut off."""
     monkeypatch.setattr(conv_mod, "CHUNK_CHARS", chunk)
     good = json.dumps(sharegpt(0, ("human", "q é✓"), ("gpt", "a")), ensure_ascii=False)  # one line
@@ -171,8 +210,11 @@ def test_json_array_syntax_error_near_the_end_is_fatal_not_truncation(tmp_path, 
     p.write_text(_syntax_error_near_the_end(good, bad_tail), encoding="utf-8")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "ended mid-record" warning on the way
-        with pytest.raises(DataError, match=rf"bad.json:record {record}: malformed JSON at line {line} column \d+ "
-                                            rf"\(character \d+\): {msg}.*not a cut-off file") as e:
+        with pytest.raises(
+            DataError,
+            match=rf"bad.json:record {record}: malformed JSON at line {line} column \d+ "
+            rf"\(character \d+\): {msg}.*not a cut-off file",
+        ) as e:
             list(read_conversations(str(p)))
     assert "mid-record" not in str(e.value)
 
@@ -188,8 +230,11 @@ def test_json_array_error_line_and_column_count_text_already_dropped(tmp_path, m
     want_line = next(n for n, x in enumerate(lines, 1) if '"oops"' in x)
     want_col = lines[want_line - 1].index('"oops"') + 1
     offset = text.index('"oops"') - 1  # the file's first character ('[') is character 0
-    with pytest.raises(DataError, match=rf"record 40: malformed JSON at line {want_line} column {want_col} "
-                                        rf"\(character {offset + 1}\)"):
+    with pytest.raises(
+        DataError,
+        match=rf"record 40: malformed JSON at line {want_line} column {want_col} "
+        rf"\(character {offset + 1}\)",
+    ):
         list(read_conversations(str(p)))
 
 
@@ -197,13 +242,16 @@ def test_json_array_stray_text_between_records_names_line_and_column(tmp_path):
     good = json.dumps(sharegpt(0, ("human", "q"), ("gpt", "a")))
     p = tmp_path / "stray.json"
     p.write_text(f"[{good},\n{good} x]")
-    with pytest.raises(DataError, match=r"stray.json:record 2: malformed JSON at line 2 column \d+ .*expected ',' or "
-                                        r"'\]' after record 1, found 'x'"):
+    with pytest.raises(
+        DataError,
+        match=r"stray.json:record 2: malformed JSON at line 2 column \d+ .*expected ',' or "
+        r"'\]' after record 1, found 'x'",
+    ):
         list(read_conversations(str(p)))
 
 
 @pytest.mark.parametrize("end", ["", "\n"])  # cut off, or cut off and a newline appended by some tool
-@pytest.mark.parametrize("cut", ['"answer 2', '"gpt"', '"value": ', '"value": tr', '"id": "c2"', 'true'])
+@pytest.mark.parametrize("cut", ['"answer 2', '"gpt"', '"value": ', '"value": tr', '"id": "c2"', "true"])
 def test_json_array_cut_inside_its_last_record_is_truncation(tmp_path, cut, end):
     """A file that ends before its last record closes (mid-string, mid-literal, after a value) keeps the others."""
     recs = [sharegpt(i, ("human", f"question {i}"), ("gpt", f"answer {i}")) for i in range(3)]
@@ -226,8 +274,10 @@ def test_real_sharegpt_ends_mid_record_and_keeps_every_complete_record():
 
 def test_saved_hf_dataset_dir(tmp_path):
     datasets = pytest.importorskip("datasets")
-    rows = [{"id": "a", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
-            {"id": "b", "messages": [{"role": "user", "content": "unanswered"}]}]
+    rows = [
+        {"id": "a", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+        {"id": "b", "messages": [{"role": "user", "content": "unanswered"}]},
+    ]
     datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "ds"))
     convs, stats = read(tmp_path / "ds")
     assert [c.id for c in convs] == ["a"] and stats.skipped == {"no exchange": 1}
@@ -261,13 +311,19 @@ def test_split_heldout_deterministic_disjoint_order_free():
     assert {c.id for c in split_heldout(shuffled, 10, seed=1)[1]} == held_ids
     assert {c.id for c in split_heldout(convs, 10, seed=2)[1]} != held_ids
     # A held-out id stays held out when more data arrives, as long as it still ranks among the n smallest.
-    assert {c.id for c in split_heldout(convs[:50], 3, seed=1)[1]} <= {c.id for c in split_heldout(convs[:50], 30, seed=1)[1]}
+    assert {c.id for c in split_heldout(convs[:50], 3, seed=1)[1]} <= {
+        c.id for c in split_heldout(convs[:50], 30, seed=1)[1]
+    }
 
 
 # ---------------------------------------------------------------- rendering
 
-TWO_EXCHANGES = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "It is 4."},
-                 {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": " Six,\nof course. "}]
+TWO_EXCHANGES = [
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "It is 4."},
+    {"role": "user", "content": "And 3+3?"},
+    {"role": "assistant", "content": " Six,\nof course. "},
+]
 
 
 def supervised_text(tok, s):
@@ -286,8 +342,12 @@ def test_render_mask_is_assistant_content_plus_im_end(tokenizer):
     for t, (tok_id, m) in enumerate(zip(s.input_ids, s.loss_mask)):
         if m and tok_id == im_end:
             assert s.loss_mask[t + 1] == 0 and tokenizer.decode([s.input_ids[t + 1]]) == "\n"
-    assert s.input_ids == tokenizer(tokenizer.apply_chat_template(TWO_EXCHANGES, tokenize=False),
-                                    add_special_tokens=False)["input_ids"]
+    assert (
+        s.input_ids
+        == tokenizer(tokenizer.apply_chat_template(TWO_EXCHANGES, tokenize=False), add_special_tokens=False)[
+            "input_ids"
+        ]
+    )
 
 
 def test_render_with_system_and_batched_path_agree(tokenizer):
@@ -303,10 +363,12 @@ def test_render_with_system_and_batched_path_agree(tokenizer):
 def test_template_filler_is_not_supervised(tokenizer):
     tok = copy.deepcopy(tokenizer)
     # Qwen3-style: the template injects an empty think block into every assistant turn.
-    tok.chat_template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}"
-                         "{% if m['role'] == 'assistant' %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
-                         "{{ m['content'] + '<|im_end|>\n' }}{% endfor %}"
-                         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}"
+        "{% if m['role'] == 'assistant' %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"
+        "{{ m['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
     s = render(tok, TWO_EXCHANGES, max_length=4096)
     assert "<think>" in tok.decode(s.input_ids)
     assert supervised_text(tok, s) == "It is 4." + IM_END + " Six,\nof course. " + IM_END
@@ -330,6 +392,7 @@ def test_render_prompt_is_prefix_of_conversation(tokenizer):
 
 
 # ---------------------------------------------------------------- draft vocab
+
 
 def test_count_supervised():
     samples = [Sample([1, 2, 3, 3], [0, 1, 1, 1]), Sample([3, 0], [1, 0])]
@@ -368,6 +431,7 @@ def test_draft_vocab_full_fill_and_errors():
 
 # ---------------------------------------------------------------- batching
 
+
 def test_make_batches_cover_cap_and_determinism():
     rng = random.Random(0)
     lengths = [rng.randint(1, 512) for _ in range(1000)]
@@ -393,14 +457,23 @@ def test_collate_right_pads():
 
 # ---------------------------------------------------------------- prepare_data
 
+
 def _data_cfg(path, **kw):
     base = dict(path=str(path), num_conversations=None, heldout=4, max_length=256, seed=0)
     return SimpleNamespace(**{**base, **kw})
 
 
 def test_prepare_data_cache_and_heldout(tmp_path, tokenizer):
-    recs = [sharegpt(i, ("human", f"Question number {i}?"), ("gpt", f"Answer {i}. " * (1 + i % 7)),
-                     ("human", "More?"), ("gpt", "No more.")) for i in range(30)]
+    recs = [
+        sharegpt(
+            i,
+            ("human", f"Question number {i}?"),
+            ("gpt", f"Answer {i}. " * (1 + i % 7)),
+            ("human", "More?"),
+            ("gpt", "No more."),
+        )
+        for i in range(30)
+    ]
     src = tmp_path / "d.json"
     src.write_text(json.dumps(recs))
     cache = tmp_path / "cache"
@@ -418,7 +491,9 @@ def test_prepare_data_cache_and_heldout(tmp_path, tokenizer):
 
     b = prepare_data(cfg, tokenizer, cache)
     assert b.stats["cache_hit"] is True
-    assert [(s.input_ids, s.loss_mask, s.conv_id) for s in b.train] == [(s.input_ids, s.loss_mask, s.conv_id) for s in a.train]
+    assert [(s.input_ids, s.loss_mask, s.conv_id) for s in b.train] == [
+        (s.input_ids, s.loss_mask, s.conv_id) for s in a.train
+    ]
     assert [(s.input_ids, s.loss_mask) for s in b.heldout] == [(s.input_ids, s.loss_mask) for s in a.heldout]
     assert b.heldout_prompts == a.heldout_prompts and torch.equal(b.counts, a.counts)
 

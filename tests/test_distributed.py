@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -23,22 +22,50 @@ RUN = ROOT / "train" / "run.py"
 
 def chats(n: int) -> list[dict]:
     topics = ["the sea", "a red fox", "prime numbers", "tea", "the moon", "rivers", "old maps", "bicycles"]
-    return [{"id": f"c{i}", "conversations": [
-        {"from": "human", "value": f"Tell me something about {topics[i % 8]}, please ({i})."},
-        # answers of different lengths: ranks see different token counts, which a per-rank mean would get wrong
-        {"from": "gpt", "value": f"Here is a fact about {topics[i % 8]}: it is remarkable. " * (1 + i % 4)},
-        {"from": "human", "value": "And one more?"},
-        {"from": "gpt", "value": f"Another fact: {topics[i % 8]} appears in many stories."}]} for i in range(n)]
+    return [
+        {
+            "id": f"c{i}",
+            "conversations": [
+                {"from": "human", "value": f"Tell me something about {topics[i % 8]}, please ({i})."},
+                # answers of different lengths: ranks see different token counts, which a per-rank mean would get wrong
+                {"from": "gpt", "value": f"Here is a fact about {topics[i % 8]}: it is remarkable. " * (1 + i % 4)},
+                {"from": "human", "value": "And one more?"},
+                {"from": "gpt", "value": f"Another fact: {topics[i % 8]} appears in many stories."},
+            ],
+        }
+        for i in range(n)
+    ]
 
 
 def tiny_args(target_dir, data_file, out_dir, *overrides) -> list[str]:
-    return ["conf=eagle3_smollm2", f"target.name_or_path={target_dir}", "target.hidden_size=128",
-            "target.num_hidden_layers=6", "target.vocab_size=49152", "target.aux_layer_ids=[1,3,4]",
-            f"data.path={data_file}", "data.num_conversations=32", "data.heldout=4", "data.max_length=96",
-            "data.max_tokens_per_batch=256", "data.max_batch_size=4", "head.draft_vocab_size=512",
-            "data.features=online", "optim.max_steps=6", "optim.warmup_steps=2", "optim.max_minutes=null",
-            "optim.max_tokens=null", "log_every=1", "eval_every=0", "save_every=0", "eval_batches=1",
-            "wandb.mode=disabled", "mixed_precision=no", f"output_dir={out_dir}", *overrides]
+    return [
+        "conf=eagle3_smollm2",
+        f"target.name_or_path={target_dir}",
+        "target.hidden_size=128",
+        "target.num_hidden_layers=6",
+        "target.vocab_size=49152",
+        "target.aux_layer_ids=[1,3,4]",
+        f"data.path={data_file}",
+        "data.num_conversations=32",
+        "data.heldout=4",
+        "data.max_length=96",
+        "data.max_tokens_per_batch=256",
+        "data.max_batch_size=4",
+        "head.draft_vocab_size=512",
+        "data.features=online",
+        "optim.max_steps=6",
+        "optim.warmup_steps=2",
+        "optim.max_minutes=null",
+        "optim.max_tokens=null",
+        "log_every=1",
+        "eval_every=0",
+        "save_every=0",
+        "eval_batches=1",
+        "wandb.mode=disabled",
+        "mixed_precision=no",
+        f"output_dir={out_dir}",
+        *overrides,
+    ]
 
 
 def env() -> dict:
@@ -54,21 +81,43 @@ def test_two_processes_equal_one_process_with_two_micro_batches(tiny_target_dir,
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(c) + "\n" for c in chats(40)))
     one, two = tmp_path / "one", tmp_path / "two"
-    p1 = subprocess.run([sys.executable, str(RUN), *tiny_args(tiny_target_dir, data, one, "optim.grad_accum=2")],
-                        capture_output=True, text=True, timeout=600, env=env(), cwd=tmp_path)
+    p1 = subprocess.run(
+        [sys.executable, str(RUN), *tiny_args(tiny_target_dir, data, one, "optim.grad_accum=2")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env(),
+        cwd=tmp_path,
+    )
     assert p1.returncode == 0, p1.stderr[-3000:]
     # accelerate launch --cpu always starts one process; torchrun + ACCELERATE_USE_CPU gives gloo data parallel
-    p2 = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                         str(RUN), *tiny_args(tiny_target_dir, data, two)],
-                        capture_output=True, text=True, timeout=600, env=env(), cwd=tmp_path)
+    p2 = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(RUN),
+            *tiny_args(tiny_target_dir, data, two),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env(),
+        cwd=tmp_path,
+    )
     assert p2.returncode == 0, p2.stderr[-3000:]
     a, b = curve(one), curve(two)
     assert len(a) == len(b) == 6
     assert [t for _, t in a] == [t for _, t in b]  # the same global batches, token for token
     assert a[-1][0] < a[0][0]  # it trained
     worst = max(abs(la - lb) / abs(la) for (la, _), (lb, _) in zip(a, b))
-    print(f"\n1 process x 2 micro-batches: {[round(la, 6) for la, _ in a]}\n2 processes x 1 micro-batch: "
-          f"{[round(lb, 6) for lb, _ in b]}\nlargest relative loss difference {worst:.2e}")
+    print(
+        f"\n1 process x 2 micro-batches: {[round(la, 6) for la, _ in a]}\n2 processes x 1 micro-batch: "
+        f"{[round(lb, 6) for lb, _ in b]}\nlargest relative loss difference {worst:.2e}"
+    )
     assert worst <= 1e-6, (a, b)
     wa = load_file(one / "checkpoints" / "step_00000006" / "head.safetensors")
     wb = load_file(two / "checkpoints" / "step_00000006" / "head.safetensors")
@@ -81,19 +130,20 @@ def test_global_batch_split_and_token_mean():
     """Unit level: rank r's micro-batches interleave into the 1-process order; the loss uses global counts."""
     from types import SimpleNamespace
 
-    from draftsmith.train.data.render import Sample
     from draftsmith.train.data.dataset import epoch_batches
+    from draftsmith.train.data.render import Sample
     from draftsmith.train.objective import supervised_counts
 
     samples = [Sample(input_ids=list(range(5 + i % 7)), loss_mask=[0, 0] + [1] * (3 + i % 7)) for i in range(50)]
     data = SimpleNamespace(train=samples)
-    cfg = lambda accum: SimpleNamespace(data=SimpleNamespace(max_tokens_per_batch=40, max_batch_size=4, seed=0),
-                                        optim=SimpleNamespace(grad_accum=accum))
+    cfg = lambda accum: SimpleNamespace(
+        data=SimpleNamespace(max_tokens_per_batch=40, max_batch_size=4, seed=0), optim=SimpleNamespace(grad_accum=accum)
+    )
     single = epoch_batches(data, cfg(2), 0, 0, 1)
     r0, r1 = epoch_batches(data, cfg(1), 0, 0, 2), epoch_batches(data, cfg(1), 0, 1, 2)
     assert len(single) % 2 == 0 and len(r0) == len(r1) == len(single) // 2
     for s in range(len(r0)):  # step s: the same set of micro-batches either way
-        assert sorted(single[2 * s:2 * s + 2]) == sorted([r0[s], r1[s]])
+        assert sorted(single[2 * s : 2 * s + 2]) == sorted([r0[s], r1[s]])
     mask = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.float32)
     assert supervised_counts(mask, 2).tolist() == [5.0, 3.0]  # rows whose token t+2 / t+3 is supervised
 
@@ -123,14 +173,20 @@ def test_micro_batch_losses_sum_to_the_global_token_mean(tiny_model):
 
     whole = ttt_unroll(head, feats.aux, feats.logits, ids, mask, steps=3, decay=0.8)
     denoms = supervised_counts(mask, 3)
-    parts = [ttt_unroll(head, feats.aux[b:b + 1], feats.logits[b:b + 1], ids[b:b + 1], mask[b:b + 1], 3, 0.8,
-                        denoms=denoms) for b in range(2)]
+    parts = [
+        ttt_unroll(
+            head, feats.aux[b : b + 1], feats.logits[b : b + 1], ids[b : b + 1], mask[b : b + 1], 3, 0.8, denoms=denoms
+        )
+        for b in range(2)
+    ]
     torch.testing.assert_close(parts[0].loss + parts[1].loss, whole.loss)
     for k in range(3):
         torch.testing.assert_close(parts[0].losses[k] + parts[1].losses[k], whole.losses[k])
         torch.testing.assert_close(parts[0].accs[k] + parts[1].accs[k], whole.accs[k])
     for gw, g0, g1 in zip(grads(whole.loss), grads(parts[0].loss), grads(parts[1].loss)):
         torch.testing.assert_close(g0 + g1, gw, rtol=1e-5, atol=1e-7)
-    local = [ttt_unroll(head, feats.aux[b:b + 1], feats.logits[b:b + 1], ids[b:b + 1], mask[b:b + 1], 3, 0.8)
-             for b in range(2)]
+    local = [
+        ttt_unroll(head, feats.aux[b : b + 1], feats.logits[b : b + 1], ids[b : b + 1], mask[b : b + 1], 3, 0.8)
+        for b in range(2)
+    ]
     assert abs((local[0].loss + local[1].loss).item() / 2 - whole.loss.item()) > 1e-3  # mean of means differs

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+from reference import single_query_step
 
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target, default_aux_layer_ids
 from draftsmith.train.ttt.unroll import ttt_unroll
-
-from reference import single_query_step
 
 
 def tiny_head(model, draft_vocab_size=32, seed=0, **kw):
@@ -28,15 +27,19 @@ def test_aux_layer_ids_follow_vllm_convention(tiny_model):
     target = Target(tiny_model, [1, 3, 4])
     ids = torch.randint(0, 128, (2, 9))
     seen = {}
-    hooks = [tiny_model.model.layers[k].register_forward_pre_hook(
-        lambda m, args, kwargs, k=k: seen.__setitem__(k, (args[0] if args else kwargs["hidden_states"]).clone()),
-        with_kwargs=True) for k in (1, 3, 4)]
+    hooks = [
+        tiny_model.model.layers[k].register_forward_pre_hook(
+            lambda m, args, kwargs, k=k: seen.__setitem__(k, (args[0] if args else kwargs["hidden_states"]).clone()),
+            with_kwargs=True,
+        )
+        for k in (1, 3, 4)
+    ]
     feats = target.features(ids)
     for h in hooks:
         h.remove()
     H = tiny_model.config.hidden_size
     for i, k in enumerate((1, 3, 4)):
-        torch.testing.assert_close(feats.aux[..., i * H:(i + 1) * H], seen[k])
+        torch.testing.assert_close(feats.aux[..., i * H : (i + 1) * H], seen[k])
     torch.testing.assert_close(feats.last, tiny_model.model(ids).last_hidden_state)  # post-norm final state
 
 
@@ -51,8 +54,15 @@ def test_head_shapes_and_keys(tiny_model):
     head = tiny_head(tiny_model)
     keys = set(head.trainable_state_dict())
     assert "embed_tokens.weight" not in keys
-    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", "layers.0.hidden_norm.weight",
-            "layers.0.self_attn.q_proj.weight"} <= keys
+    assert {
+        "fc.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+        "layers.0.hidden_norm.weight",
+        "layers.0.self_attn.q_proj.weight",
+    } <= keys
     assert head.layers[0].self_attn.q_proj.weight.shape == (4 * 32, 2 * 128)
     assert head.fc.weight.shape == (128, 3 * 128)
     assert head.lm_head.weight.shape == (32, 128)
@@ -67,15 +77,14 @@ def incremental_reference(head, aux, ids, steps):
     for j in range(T):
         cache = []
         pos = torch.arange(j + 1).expand(B, j + 1)
-        h = head(padded[:, 1:j + 2], pos, head.fuse(aux[:, :j + 1]), cache)  # step 0 on rows 0..j
+        h = head(padded[:, 1 : j + 2], pos, head.fuse(aux[:, : j + 1]), cache)  # step 0 on rows 0..j
         out[0, :, j] = h[:, j]
         k0, v0 = cache[0]
-        prev = h[:, j:j + 1]
+        prev = h[:, j : j + 1]
         own = []
         for s in range(1, steps):
-            attn = head.layers[0].self_attn
             step_cache = [(k0, v0)]  # only the context rows' keys, then this row's earlier draft keys
-            tok = padded[:, j + 1 + s:j + 2 + s]
+            tok = padded[:, j + 1 + s : j + 2 + s]
             # run the layer on one query with keys [context rows | own draft keys]
             q_cache = step_cache + own
             hs = single_query_step(head, tok, torch.full((B, 1), j + s), prev, q_cache)
@@ -167,6 +176,7 @@ def test_unroll_with_restricted_logits_matches_full(tiny_model):
 def dense_unroll_reference(head, aux, target_logits, ids, mask, steps, decay):
     """The TTT loss written the plain way: every row through the vocab side, then masked means."""
     import torch.nn.functional as F
+
     from draftsmith.train.ttt.unroll import shift_left
 
     B, T = ids.shape
@@ -212,6 +222,6 @@ def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model):
     assert [a.item() for a in out.accs] == pytest.approx(ref_accs)
     assert ref_accs[0] > 0.3 and ref_run.item() > 0  # the agreement above is visible
     assert out.accept_len.item() == ref_run.item()
-    assert [int(c) for c in out.counts] == [int(mask[:, 2 + k:].sum()) for k in range(3)]
+    assert [int(c) for c in out.counts] == [int(mask[:, 2 + k :].sum()) for k in range(3)]
     out.loss.backward()  # gradients flow through the gathered rows
     assert head.lm_head.weight.grad.abs().sum() > 0

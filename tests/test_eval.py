@@ -8,8 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftsmith.eval.acceptance import (acceptance_metrics, compare_outputs, format_table, head_method,
-                                        run_acceptance, speculative_config, tokens_per_step)
+from draftsmith.eval.acceptance import (
+    acceptance_metrics,
+    compare_outputs,
+    format_table,
+    head_method,
+    run_acceptance,
+    speculative_config,
+    tokens_per_step,
+)
 from draftsmith.eval.cli import main as eval_main
 from draftsmith.eval.prompts import PromptFileError, load_prompts, render_prompts
 from draftsmith.vllm_runner import counter_delta, read_spec_counters
@@ -26,14 +33,22 @@ def write_jsonl(path: Path, lines: list) -> Path:
 
 
 def test_load_prompts_every_shape(tmp_path):
-    f = write_jsonl(tmp_path / "p.jsonl", [
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                      {"role": "assistant", "content": "a reference answer, dropped"}]},
-        {"prompt": "Say hello."},
-        "",  # blank lines are skipped
-        {"question_id": 81, "category": "writing", "turns": ["first turn", "second turn"]},
-        {"question": "What is 2+2?", "answer": "4"},
-    ])
+    f = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "a reference answer, dropped"},
+                ]
+            },
+            {"prompt": "Say hello."},
+            "",  # blank lines are skipped
+            {"question_id": 81, "category": "writing", "turns": ["first turn", "second turn"]},
+            {"question": "What is 2+2?", "answer": "4"},
+        ],
+    )
     ps = load_prompts(f)
     assert [p["messages"] for p in ps] == [
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
@@ -45,15 +60,18 @@ def test_load_prompts_every_shape(tmp_path):
     assert len(load_prompts(f, limit=2)) == 2
 
 
-@pytest.mark.parametrize("bad, why", [
-    ("{not json", "not valid JSON"),
-    ('["a list"]', "expected a JSON object"),
-    ('{"text": "no known key"}', "expected one of the keys"),
-    ('{"messages": [{"role": "robot", "content": "x"}]}', "messages[0]"),
-    ('{"messages": [{"role": "assistant", "content": "only an answer"}]}', "no user turn"),
-    ('{"turns": []}', "'turns' must be"),
-    ('{"prompt": ""}', "'prompt' must be"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("{not json", "not valid JSON"),
+        ('["a list"]', "expected a JSON object"),
+        ('{"text": "no known key"}', "expected one of the keys"),
+        ('{"messages": [{"role": "robot", "content": "x"}]}', "messages[0]"),
+        ('{"messages": [{"role": "assistant", "content": "only an answer"}]}', "no user turn"),
+        ('{"turns": []}', "'turns' must be"),
+        ('{"prompt": ""}', "'prompt' must be"),
+    ],
+)
 def test_malformed_line_names_file_and_line(tmp_path, bad, why):
     f = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "fine"}, {"question": "fine"}, bad])
     with pytest.raises(PromptFileError) as e:
@@ -89,16 +107,21 @@ def test_render_uses_chat_template_without_extra_bos(tokenizer):
 
 
 def test_acceptance_metrics_from_counters():
-    m = acceptance_metrics({"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 12,
-                            "num_accepted_tokens_per_pos": [6, 4, 2]})
+    m = acceptance_metrics(
+        {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 12, "num_accepted_tokens_per_pos": [6, 4, 2]}
+    )
     assert m["acceptance_rate"] == pytest.approx(0.4)
     assert m["mean_acceptance_length"] == pytest.approx(2.2)  # 1 + 12/10
     assert m["per_position_acceptance"] == pytest.approx([0.6, 0.4, 0.2])
     # no speculation at all vs. a speculative engine that never drafted
-    assert acceptance_metrics({}) == {"acceptance_rate": None, "mean_acceptance_length": None,
-                                      "per_position_acceptance": None}
-    idle = acceptance_metrics({"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
-                               "num_accepted_tokens_per_pos": [0, 0, 0]})
+    assert acceptance_metrics({}) == {
+        "acceptance_rate": None,
+        "mean_acceptance_length": None,
+        "per_position_acceptance": None,
+    }
+    idle = acceptance_metrics(
+        {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "num_accepted_tokens_per_pos": [0, 0, 0]}
+    )
     assert idle["mean_acceptance_length"] == 1.0 and idle["acceptance_rate"] is None
     assert tokens_per_step(100, 40) == pytest.approx(100 / 60)
     assert tokens_per_step(50, 0) == 1.0
@@ -115,31 +138,53 @@ def test_counters_sum_labels_and_difference():
         SimpleNamespace(name="vllm:num_requests_running", value=1, labels={}),
     ]
     after = read_spec_counters(SimpleNamespace(get_metrics=lambda: metrics))
-    assert after == {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 12,
-                     "num_accepted_tokens_per_pos": [6, 4, 2]}
-    before = {"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 2, "num_accepted_tokens_per_pos": [1, 1, 0]}
-    assert counter_delta(after, before) == {"num_drafts": 8, "num_draft_tokens": 24, "num_accepted_tokens": 10,
-                                            "num_accepted_tokens_per_pos": [5, 3, 2]}
+    assert after == {
+        "num_drafts": 10,
+        "num_draft_tokens": 30,
+        "num_accepted_tokens": 12,
+        "num_accepted_tokens_per_pos": [6, 4, 2],
+    }
+    before = {
+        "num_drafts": 2,
+        "num_draft_tokens": 6,
+        "num_accepted_tokens": 2,
+        "num_accepted_tokens_per_pos": [1, 1, 0],
+    }
+    assert counter_delta(after, before) == {
+        "num_drafts": 8,
+        "num_draft_tokens": 24,
+        "num_accepted_tokens": 10,
+        "num_accepted_tokens_per_pos": [5, 3, 2],
+    }
     assert counter_delta(after, {}) == after
 
 
 def test_compare_outputs():
     share, mism = compare_outputs([[1, 2, 3], [4, 5], [7, 8, 9]], [[1, 2, 3], [4, 6], [7, 8]])
     assert share == pytest.approx(1 / 3)
-    assert mism == [{"prompt": 1, "first_diff_at": 1, "len": 2, "len_ref": 2},
-                    {"prompt": 2, "first_diff_at": 2, "len": 3, "len_ref": 2}]
+    assert mism == [
+        {"prompt": 1, "first_diff_at": 1, "len": 2, "len_ref": 2},
+        {"prompt": 2, "first_diff_at": 2, "len": 3, "len_ref": 2},
+    ]
 
 
 def test_speculative_configs(tmp_path):
     assert speculative_config("none", 3, {}, 2, 5) is None
-    assert speculative_config("ngram", 3, {}, 2, 5) == {"method": "ngram", "num_speculative_tokens": 3,
-                                                        "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    assert speculative_config("ngram", 3, {}, 2, 5) == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+    }
     assert speculative_config("suffix", 4, {}, 2, 5) == {"method": "suffix", "num_speculative_tokens": 4}
     head = tmp_path / "head"
     head.mkdir()
     (head / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
     assert speculative_config("mine", 3, {"mine": str(head)}, 2, 5) == {
-        "method": "eagle3", "model": str(head.resolve()), "num_speculative_tokens": 3}
+        "method": "eagle3",
+        "model": str(head.resolve()),
+        "num_speculative_tokens": 3,
+    }
     (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))  # native dialect
     assert head_method(str(head)) == "eagle3"
     with pytest.raises(FileNotFoundError, match="no config.json"):
@@ -170,14 +215,33 @@ def test_cli_reports_bad_prompt_file(tmp_path, capsys):
 def fake_result() -> dict:
     ok = dict(status="ok", generated_tokens=256, generation_s=8.0, engine_start_s=4.2, output_tokens_per_s=32.0)
     return {
-        "k": 3, "num_prompts": 2, "prompts_file": "/data/p.jsonl", "max_tokens": 128, "temperature": 0.0,
-        "target": "/models/SmolLM2-135M-Instruct", "versions": {"vllm": "0.32.0"},
+        "k": 3,
+        "num_prompts": 2,
+        "prompts_file": "/data/p.jsonl",
+        "max_tokens": 128,
+        "temperature": 0.0,
+        "target": "/models/SmolLM2-135M-Instruct",
+        "versions": {"vllm": "0.32.0"},
         "methods": {
-            "none": {**ok, "mean_acceptance_length": None, "acceptance_rate": None, "per_position_acceptance": None,
-                     "tokens_per_target_step": 1.0, "speedup_vs_none": 1.0, "match_vs_none": None},
-            "ngram": {**ok, "mean_acceptance_length": 2.2, "acceptance_rate": 0.4,
-                      "per_position_acceptance": [0.6, 0.4, 0.2], "tokens_per_target_step": 1.5,
-                      "output_tokens_per_s": 40.0, "speedup_vs_none": 1.25, "match_vs_none": 1.0},
+            "none": {
+                **ok,
+                "mean_acceptance_length": None,
+                "acceptance_rate": None,
+                "per_position_acceptance": None,
+                "tokens_per_target_step": 1.0,
+                "speedup_vs_none": 1.0,
+                "match_vs_none": None,
+            },
+            "ngram": {
+                **ok,
+                "mean_acceptance_length": 2.2,
+                "acceptance_rate": 0.4,
+                "per_position_acceptance": [0.6, 0.4, 0.2],
+                "tokens_per_target_step": 1.5,
+                "output_tokens_per_s": 40.0,
+                "speedup_vs_none": 1.25,
+                "match_vs_none": 1.0,
+            },
             "mine": {"status": "failed", "error": "exit code 1: ValueError: bad | head"},
         },
     }
@@ -199,11 +263,17 @@ def test_format_table():
 
 REPETITIVE = [
     {"prompt": "Repeat this line three times: the quick brown fox jumps over the lazy dog."},
-    {"messages": [{"role": "system", "content": "You copy text exactly."},
-                  {"role": "user", "content": "Copy: red green blue, red green blue, red green blue, red green blue."}]},
+    {
+        "messages": [
+            {"role": "system", "content": "You copy text exactly."},
+            {"role": "user", "content": "Copy: red green blue, red green blue, red green blue, red green blue."},
+        ]
+    },
     {"turns": ["List the numbers one, two, three, four, five, then list them again."]},
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-                 "How many clips did Natalia sell altogether in April and May?"},
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?"
+    },
 ]
 
 
@@ -215,8 +285,16 @@ def test_served_acceptance_tiny_target(tiny_target_dir, tmp_path):
     (broken / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
     out = tmp_path / "out"
     k = 3
-    r = run_acceptance(str(tiny_target_dir), str(prompts), ["none", "ngram", "suffix"], {"broken": str(broken)},
-                       k=k, max_tokens=32, num_prompts=None, out_dir=str(out))
+    r = run_acceptance(
+        str(tiny_target_dir),
+        str(prompts),
+        ["none", "ngram", "suffix"],
+        {"broken": str(broken)},
+        k=k,
+        max_tokens=32,
+        num_prompts=None,
+        out_dir=str(out),
+    )
     m = r["methods"]
     assert m["broken"]["status"] == "failed" and m["broken"]["error"]
     for name in ("none", "ngram", "suffix"):
@@ -250,8 +328,16 @@ def test_served_acceptance_tiny_target(tiny_target_dir, tmp_path):
 @pytest.mark.slow
 def test_ngram_greedy_equals_no_speculation_on_smollm2(smollm2_dir, tmp_path):
     prompts = write_jsonl(tmp_path / "p.jsonl", REPETITIVE)
-    r = run_acceptance(str(smollm2_dir), str(prompts), ["none", "ngram"], {}, k=3, max_tokens=48,
-                       num_prompts=None, out_dir=str(tmp_path / "out"))
+    r = run_acceptance(
+        str(smollm2_dir),
+        str(prompts),
+        ["none", "ngram"],
+        {},
+        k=3,
+        max_tokens=48,
+        num_prompts=None,
+        out_dir=str(tmp_path / "out"),
+    )
     ngram = r["methods"]["ngram"]
     assert ngram["status"] == "ok" and ngram["counters"]["num_drafts"] > 0
     # verification keeps only tokens the target itself would pick: greedy output is unchanged

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
+from test_export_refusals import AUX, make_run, tiny_target
 
 from draftsmith.eval.head_check import check_head_for_target, exported_head_config, model_difference
 from draftsmith.train.checkpoint import CheckpointError
-
-from conftest import TINY
-from test_export_refusals import AUX, make_run, tiny_target
 
 
 def other_llama(path: Path, **changes) -> Path:
@@ -38,11 +37,16 @@ def targets(tmp_path_factory):
     a = tiny_target(root / "target_a", seed=0)
     copy = root / "copy" / "target_a_copy"
     shutil.copytree(a, copy)
-    return {"a": a, "b": tiny_target(root / "target_b", seed=1), "copy": copy,
-            "narrow": other_llama(root / "narrow", hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                                  num_key_value_heads=1),
-            "vocab": tiny_target(root / "vocab320", vocab_size=320),
-            "shallow": other_llama(root / "shallow", num_hidden_layers=3)}
+    return {
+        "a": a,
+        "b": tiny_target(root / "target_b", seed=1),
+        "copy": copy,
+        "narrow": other_llama(
+            root / "narrow", hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1
+        ),
+        "vocab": tiny_target(root / "vocab320", vocab_size=320),
+        "shallow": other_llama(root / "shallow", num_hidden_layers=3),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +103,13 @@ def test_width_vocab_and_depth_mismatches_are_refused(targets, heads):
 def test_exported_config_is_read_per_dialect(targets, heads):
     a = str(targets["a"])
     spec, native, mlp = (exported_head_config(heads[k]) for k in ("speculators", "native", "mlp"))
-    assert spec == {"vocab_size": 256, "target_hidden_size": 128, "draft_vocab_size": 64, "aux_layer_ids": AUX,
-                    "target": {"name_or_path": a}}
+    assert spec == {
+        "vocab_size": 256,
+        "target_hidden_size": 128,
+        "draft_vocab_size": 64,
+        "aux_layer_ids": AUX,
+        "target": {"name_or_path": a},
+    }
     assert native == spec
     assert mlp == {"emb_dim": 128, "vocab_size": 256, "target": {"name_or_path": a}}
 
@@ -131,8 +140,16 @@ def test_run_acceptance_refuses_before_any_engine(targets, heads, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
     with pytest.raises(CheckpointError, match=f"--target is {targets['b']}"):
-        run_acceptance(str(targets["b"]), str(prompts), ["none"], {"mine": str(heads["speculators"])}, k=3,
-                       max_tokens=8, num_prompts=None, out_dir=str(tmp_path / "out"))
+        run_acceptance(
+            str(targets["b"]),
+            str(prompts),
+            ["none"],
+            {"mine": str(heads["speculators"])},
+            k=3,
+            max_tokens=8,
+            num_prompts=None,
+            out_dir=str(tmp_path / "out"),
+        )
     assert not (tmp_path / "out").exists()  # refused before the output directory was made
 
 
@@ -141,8 +158,21 @@ def test_eval_cli_reports_the_refusal(targets, heads, tmp_path, capsys):
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "hi"}) + "\n")
-    rc = eval_main(["acceptance", "--target", str(targets["b"]), "--head", f"mine={heads['speculators']}",
-                    "--methods", "", "--prompts", str(prompts), "--out", str(tmp_path / "out")])
+    rc = eval_main(
+        [
+            "acceptance",
+            "--target",
+            str(targets["b"]),
+            "--head",
+            f"mine={heads['speculators']}",
+            "--methods",
+            "",
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and f"head {heads['speculators']} was exported for verifier {targets['a']}" in err
 

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import build_tiny_llama
 from safetensors.torch import save_file
 
 from draftsmith.cli import main as cli
 from draftsmith.errors import ConfigError
 from draftsmith.export.destination import check_export_destination, is_previous_export
 from draftsmith.train.checkpoint import CheckpointError, resolve_checkpoint
-
-from conftest import build_tiny_llama
 
 AUX = [1, 3, 4]
 
@@ -60,8 +59,11 @@ def make_run(run: Path, target_dir: Path, family: str = "eagle3", step: int = 4)
 
 def snapshot(root: Path) -> dict[str, str]:
     """Every file under root -> its sha256: equal snapshots mean nothing was deleted or changed."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Feature shards: `draftsmith extract` (resume, ranks, disk budget, validation) and training from them
 (data.features=offline | stream) with the same losses as online and memory modes."""
 
+import hashlib
 import json
 import os
 import signal
@@ -9,15 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-import hashlib
-
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save as st_save
+from safetensors.torch import load_file
+from safetensors.torch import save as st_save
+from test_train import conversations
 
 from draftsmith.train.features.shards import ShardError, load_manifest, validate
-from test_train import conversations
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,13 +31,34 @@ def data_file(tmp_path_factory):
 
 def overrides(tiny_target_dir, data_file, out_dir, *extra) -> list[str]:
     """The tiny run of tests/test_train.py, in fp32 (no autocast) so every mode can be compared number for number."""
-    return ["conf=eagle3_smollm2", f"target.name_or_path={tiny_target_dir}", "target.hidden_size=128",
-            "target.num_hidden_layers=6", "target.vocab_size=49152", "target.aux_layer_ids=[1,3,4]",
-            "target.dtype=float32", "mixed_precision=no", "data.features=online", f"data.path={data_file}", "data.num_conversations=32",
-            "data.heldout=4", "data.max_length=96", "data.max_tokens_per_batch=512", "data.max_batch_size=4",
-            "head.draft_vocab_size=512", "optim.max_steps=12", "optim.warmup_steps=2", "optim.max_minutes=null",
-            "log_every=1", "eval_every=0", "save_every=0", "eval_batches=1", "wandb.mode=disabled",
-            f"output_dir={out_dir}", *extra]
+    return [
+        "conf=eagle3_smollm2",
+        f"target.name_or_path={tiny_target_dir}",
+        "target.hidden_size=128",
+        "target.num_hidden_layers=6",
+        "target.vocab_size=49152",
+        "target.aux_layer_ids=[1,3,4]",
+        "target.dtype=float32",
+        "mixed_precision=no",
+        "data.features=online",
+        f"data.path={data_file}",
+        "data.num_conversations=32",
+        "data.heldout=4",
+        "data.max_length=96",
+        "data.max_tokens_per_batch=512",
+        "data.max_batch_size=4",
+        "head.draft_vocab_size=512",
+        "optim.max_steps=12",
+        "optim.warmup_steps=2",
+        "optim.max_minutes=null",
+        "log_every=1",
+        "eval_every=0",
+        "save_every=0",
+        "eval_batches=1",
+        "wandb.mode=disabled",
+        f"output_dir={out_dir}",
+        *extra,
+    ]
 
 
 def train_in_process(args: list[str]) -> list[dict]:
@@ -53,9 +74,13 @@ def train_in_process(args: list[str]) -> list[dict]:
     torch.manual_seed(cfg.seed)
     accelerator = Accelerator(mixed_precision="no", cpu=True)
     target, path = build_target(cfg.target, accelerator.device)
-    data, vocab = build_data_and_vocab(cfg, AutoTokenizer.from_pretrained(path), Path(cfg.output_dir), log=lambda *a: None)
+    data, vocab = build_data_and_vocab(
+        cfg, AutoTokenizer.from_pretrained(path), Path(cfg.output_dir), log=lambda *a: None
+    )
     train(cfg, build_head(cfg.head, target, vocab), target, data, accelerator)
-    return [r for r in map(json.loads, (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    return [
+        r for r in map(json.loads, (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()) if "loss" in r
+    ]
 
 
 def run_extract(args: list[str], out, **kw) -> dict:
@@ -72,7 +97,7 @@ def sample_features(root) -> dict[int, dict]:
         t = load_file(Path(root) / s["name"])
         off = t["offsets"].tolist()
         for r, i in enumerate(t["sample_index"].tolist()):
-            out[i] = {k: t[k][off[r]:off[r + 1]] for k in ("input_ids", "loss_mask", "aux", "last")}
+            out[i] = {k: t[k][off[r] : off[r + 1]] for k in ("input_ids", "loss_mask", "aux", "last")}
     return out
 
 
@@ -102,8 +127,16 @@ def test_every_feature_mode_trains_the_same_losses(tiny_target_dir, data_file, t
     control = train_in_process(args("bf16", "data.features=offline", f"data.features_dir={feats_bf16}"))
 
     assert len(online) == 12 and max(r["epoch"] for r in online) >= 1  # the second epoch re-reads every sample
-    loss = {name: torch.tensor([r["loss"] for r in recs], dtype=torch.float64) for name, recs in
-            (("online", online), ("memory", memory), ("offline", offline), ("stream", stream), ("bf16", control))}
+    loss = {
+        name: torch.tensor([r["loss"] for r in recs], dtype=torch.float64)
+        for name, recs in (
+            ("online", online),
+            ("memory", memory),
+            ("offline", offline),
+            ("stream", stream),
+            ("bf16", control),
+        )
+    }
     assert torch.equal(loss["stream"], loss["online"])
     for name in ("memory", "offline"):
         torch.testing.assert_close(loss[name], loss["online"], rtol=0, atol=1e-6, msg=name)
@@ -124,7 +157,9 @@ def test_extract_resumes_after_a_kill_without_duplicates(tiny_target_dir, data_f
 
     # a real SIGKILL mid-extraction (one sample per shard, so the run is long enough to be hit)
     cmd = [sys.executable, "-m", "draftsmith.cli", "extract", "--out", str(killed), "--shard-size", "1K", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     part = killed / "parts" / "rank-00000.json"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
@@ -140,8 +175,9 @@ def test_extract_resumes_after_a_kill_without_duplicates(tiny_target_dir, data_f
     if len(body["shards"]) > 1:
         body["shards"] = body["shards"][:-1]
         (part).write_text(json.dumps(body))
-        (killed / "manifest.json").write_text(json.dumps({**json.loads((killed / "manifest.json").read_text()),
-                                                          "shards": []}))
+        (killed / "manifest.json").write_text(
+            json.dumps({**json.loads((killed / "manifest.json").read_text()), "shards": []})
+        )
     (killed / ".tmp-shard-r00000-999999.safetensors-1").write_bytes(b"torn")
     before = load_manifest(killed)["covered_samples"]
     assert before < 32
@@ -174,7 +210,10 @@ def test_max_disk_stops_before_the_budget_records_coverage_and_resumes(tiny_targ
 
     # training refuses an incomplete directory, and says how far it got
     from draftsmith.train.config import compose_config as compose
-    with pytest.raises(ShardError, match=rf"covers {s['covered_samples']} of 32 training samples \(stopped: --max-disk"):
+
+    with pytest.raises(
+        ShardError, match=rf"covers {s['covered_samples']} of 32 training samples \(stopped: --max-disk"
+    ):
         _feature_source(compose(args + ["data.features=offline", f"data.features_dir={out}"]))
 
     s2 = run_extract(args, out, max_disk="10M", dtype="bf16", shard_size="64K")
@@ -193,7 +232,9 @@ def _feature_source(cfg):
 
     accelerator = Accelerator(mixed_precision="no", cpu=True)
     target, path = build_target(cfg.target, accelerator.device)
-    data, vocab = build_data_and_vocab(cfg, AutoTokenizer.from_pretrained(path), Path(cfg.output_dir), log=lambda *a: None)
+    data, vocab = build_data_and_vocab(
+        cfg, AutoTokenizer.from_pretrained(path), Path(cfg.output_dir), log=lambda *a: None
+    )
     objective = build_objective(cfg.head)
     head = build_head(cfg.head, target, vocab)
     return build_feature_source(cfg, target, objective.vocab_ids(head), data, objective.family, accelerator)
@@ -210,7 +251,10 @@ def test_offline_refuses_features_of_another_run_naming_what_differs(tiny_target
     mlp = _feature_source(compose(args + use + ["head=mlp"]))
     assert mlp.mode == "offline" and mlp.disk.manifest["complete"]
     cases = {
-        "aux layer ids: extracted \\[1, 3, 4\\], this run uses \\[1, 2, 4\\]": ["target.aux_layer_ids=[1,2,4]", "head=mlp"],
+        "aux layer ids: extracted \\[1, 3, 4\\], this run uses \\[1, 2, 4\\]": [
+            "target.aux_layer_ids=[1,2,4]",
+            "head=mlp",
+        ],
         "target dtype: extracted with a float32 target, this run's is bfloat16": ["target.dtype=bfloat16", "head=mlp"],
         "training samples: .*max_length: 96 -> 64": ["data.max_length=64", "head=mlp"],
         "head family: extracted for mlp_speculator .* also needs \\['aux'\\]": [],  # an EAGLE-3 run needs aux
@@ -269,10 +313,29 @@ def test_extract_under_accelerate_launch_two_cpu_processes(tiny_target_dir, data
     out = tmp_path / "two"
     # `accelerate launch --cpu` starts one process whatever --num_processes says; torchrun + ACCELERATE_USE_CPU
     # gives gloo processes (on GPUs: accelerate launch --num_processes N -m draftsmith.cli extract ...)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "draftsmith.cli", "extract", "--out", str(out), "--shard-size", "32K", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "draftsmith.cli",
+        "extract",
+        "--out",
+        str(out),
+        "--shard-size",
+        "32K",
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     m = load_manifest(out)
     assert m["complete"] and {s["rank"] for s in m["shards"]} == {0, 1}
@@ -302,8 +365,10 @@ def test_compressed_shards_read_back_exactly_and_train_the_same(tiny_target_dir,
     assert summary["complete"]
     m_plain, m_packed = load_manifest(plain), load_manifest(packed)
     assert m_packed["compression"] == "zlib" and m_plain["compression"] == "none"
-    print(f"\nbf16 features: {m_plain['bytes']} bytes plain, {m_packed['bytes']} compressed "
-          f"({m_packed['bytes'] / m_plain['bytes']:.3f})")
+    print(
+        f"\nbf16 features: {m_plain['bytes']} bytes plain, {m_packed['bytes']} compressed "
+        f"({m_packed['bytes'] / m_plain['bytes']:.3f})"
+    )
     assert m_packed["bytes"] < 0.95 * m_plain["bytes"]
     a, b = ShardStore(plain), ShardStore(packed)
     for i in range(32):
@@ -337,10 +402,22 @@ def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_tar
     env = {**os.environ, "DRAFTSMITH_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
 
     def run(name):
-        args = overrides(tiny_target_dir, data_file, tmp_path / name, "data.features=offline", "data.features_dtype=bf16",
-                         "optim.max_steps=4")
-        proc = subprocess.run([sys.executable, str(ROOT / "train" / "run.py"), *args], capture_output=True, text=True,
-                              timeout=600, env=env, cwd=tmp_path)
+        args = overrides(
+            tiny_target_dir,
+            data_file,
+            tmp_path / name,
+            "data.features=offline",
+            "data.features_dtype=bf16",
+            "optim.max_steps=4",
+        )
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "train" / "run.py"), *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
         recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         return proc.stdout, [r for r in recs if "loss" in r]

@@ -4,18 +4,20 @@ import json
 
 import pytest
 import torch
+from test_train import conversations, run_train
 
 from draftsmith.train.data.dataset import collate
 from draftsmith.train.data.render import Sample
 from draftsmith.train.features.sources import FeatureSource
 from draftsmith.train.target import Target
-from test_train import conversations, run_train
 
 
 def test_memory_features_equal_online_and_skip_the_target(tiny_model):
     target = Target(tiny_model, aux_layer_ids=[1, 3, 4])
     g = torch.Generator().manual_seed(0)
-    samples = [Sample(torch.randint(3, 128, (n,), generator=g).tolist(), [0] * 4 + [1] * (n - 4)) for n in (9, 17, 5, 12, 20)]
+    samples = [
+        Sample(torch.randint(3, 128, (n,), generator=g).tolist(), [0] * 4 + [1] * (n - 4)) for n in (9, 17, 5, 12, 20)
+    ]
     vocab = torch.arange(0, 128, 2)
     online, memory = FeatureSource(target, vocab, "online"), FeatureSource(target, vocab, "memory")
     for order in ([0, 1, 2], [3, 1, 4], [2, 0, 1]):  # later batches mix stored and new samples
@@ -50,8 +52,9 @@ def test_memory_mode_trains_like_online_and_token_budget_stops(tiny_target_dir, 
     on = [r for r in _metrics(tmp_path / "online") if "loss" in r]
     mem = [r for r in _metrics(tmp_path / "memory") if "loss" in r]
     assert len(on) == len(mem) == 16 and max(r["epoch"] for r in mem) >= 1
-    torch.testing.assert_close(torch.tensor([r["loss"] for r in mem]), torch.tensor([r["loss"] for r in on]),
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        torch.tensor([r["loss"] for r in mem]), torch.tensor([r["loss"] for r in on]), rtol=1e-4, atol=1e-4
+    )
     # memory mode ran the target over each sample once; online over every batch of every epoch
     assert mem[-1]["target_tokens"] < on[-1]["target_tokens"]
     first_epoch = max(r["target_tokens"] for r in mem if r["epoch"] == 0)
@@ -66,9 +69,21 @@ def test_memory_mode_trains_like_online_and_token_budget_stops(tiny_target_dir, 
 
 
 def _write_source(path, n):
-    path.write_text("".join(json.dumps({"id": f"q{i}", "conversations": [
-        {"from": "human", "value": f"Name a colour, please ({i})."},
-        {"from": "gpt", "value": "An original answer the target never wrote."}]}) + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"q{i}",
+                    "conversations": [
+                        {"from": "human", "value": f"Name a colour, please ({i})."},
+                        {"from": "gpt", "value": "An original answer the target never wrote."},
+                    ],
+                }
+            )
+            + "\n"
+            for i in range(n)
+        )
+    )
 
 
 def test_regenerate_with_hf_resumes_without_duplicates(tiny_target_dir, tmp_path):
@@ -77,14 +92,16 @@ def test_regenerate_with_hf_resumes_without_duplicates(tiny_target_dir, tmp_path
 
     src, out = tmp_path / "src.jsonl", tmp_path / "regen.jsonl"
     _write_source(src, 6)
-    first = regenerate(str(tiny_target_dir), str(src), str(out), num_conversations=4, max_tokens=6, batch_size=3,
-                       backend="hf")
+    first = regenerate(
+        str(tiny_target_dir), str(src), str(out), num_conversations=4, max_tokens=6, batch_size=3, backend="hf"
+    )
     assert first["generated"] == 4 and first["new_tokens"] > 0
     lines = out.read_text().splitlines()
     # a kill mid-append leaves a torn line: it is dropped and that prompt regenerated, nothing duplicated
     out.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])
-    again = regenerate(str(tiny_target_dir), str(src), str(out), num_conversations=6, max_tokens=6, batch_size=3,
-                       backend="hf")
+    again = regenerate(
+        str(tiny_target_dir), str(src), str(out), num_conversations=6, max_tokens=6, batch_size=3, backend="hf"
+    )
     assert again["resumed_with"] == 2 and again["generated"] == 4
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert sorted(r["id"] for r in recs) == [f"q{i}" for i in range(6)]
@@ -114,8 +131,9 @@ def test_regen_pool_grows_with_num_conversations(tiny_target_dir, tmp_path, monk
     _write_source(src, 7)
 
     def view(n):
-        cfg = OmegaConf.create({"path": f"regen:{src}", "num_conversations": n, "regen_max_tokens": 5,
-                                "regen_temperature": 0.0, "seed": 0})
+        cfg = OmegaConf.create(
+            {"path": f"regen:{src}", "num_conversations": n, "regen_max_tokens": 5, "regen_temperature": 0.0, "seed": 0}
+        )
         return regenerated_path(cfg, str(tiny_target_dir))
 
     small = view(3)

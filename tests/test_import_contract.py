@@ -8,7 +8,12 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"draftsmith": "draftsmith", "train": "draftsmith.train", "export": "draftsmith.export", "eval": "draftsmith.eval"}
+FOLDERS = {
+    "draftsmith": "draftsmith",
+    "train": "draftsmith.train",
+    "export": "draftsmith.export",
+    "eval": "draftsmith.eval",
+}
 # the ground floor: what every other room may use, and which uses nothing above it
 GROUND = {f"draftsmith.{m}" for m in ("assets", "atomic", "errors", "paths", "generate", "vllm_runner", "vllm_fixes")}
 # (importer prefix, imported prefix, why not)
@@ -86,10 +91,19 @@ def within(name: str, prefix: str) -> bool:
 
 def test_no_forbidden_arrow():
     graph = import_graph()
-    bad = [f"{a} -> {b}: {why}" for a, deps in graph.items() for b in deps
-           for src, dst, why in FORBIDDEN if within(a, src) and within(b, dst)]
-    bad += [f"{a} -> {b}: the ground floor imports only the ground floor" for a in GROUND for b in graph[a]
-            if b not in GROUND and b != "draftsmith"]
+    bad = [
+        f"{a} -> {b}: {why}"
+        for a, deps in graph.items()
+        for b in deps
+        for src, dst, why in FORBIDDEN
+        if within(a, src) and within(b, dst)
+    ]
+    bad += [
+        f"{a} -> {b}: the ground floor imports only the ground floor"
+        for a in GROUND
+        for b in graph[a]
+        if b not in GROUND and b != "draftsmith"
+    ]
     assert not bad, "\n".join(sorted(bad))
 
 

@@ -51,9 +51,20 @@ def test_sim_tau():
 
 
 def cell(source, k, method, tau, counters=None, cost=0.1, speed=None, workload="code", **kw):
-    return {"source": source, "workload": workload, "temperature": 0.0, "k": k, "method": method, "status": "ok",
-            "mean_acceptance_length": tau, "draft_cost_ratio": cost, "speedup_vs_none": speed,
-            "counters": counters, "per_position_acceptance": None if tau is None else [0.5] * k, **kw}
+    return {
+        "source": source,
+        "workload": workload,
+        "temperature": 0.0,
+        "k": k,
+        "method": method,
+        "status": "ok",
+        "mean_acceptance_length": tau,
+        "draft_cost_ratio": cost,
+        "speedup_vs_none": speed,
+        "counters": counters,
+        "per_position_acceptance": None if tau is None else [0.5] * k,
+        **kw,
+    }
 
 
 def synthetic():
@@ -61,13 +72,22 @@ def synthetic():
     cells = [cell("served", 1, "none", None, cost=None), cell("reference", 1, "none", None, cost=None)]
     for k, tau in ((1, 1.6), (3, 2.2)):
         per = cts["num_accepted_tokens_per_pos"][:k]
-        cells.append(cell("served", k, "mine", tau, {"num_drafts": 100, "num_accepted_tokens_per_pos": per},
-                          speed=1.0 + 0.1 * k))
-        cells.append(cell("reference", k, "mine", tau + 0.05, {"num_drafts": 100, "num_accepted_tokens_per_pos": per},
-                          acceptance_by_output_position={"bin_size": 16, "draft_tokens": [10, 5],
-                                                         "acceptance_rate": [0.5, None]}))
-    heads = {"mine": {"family": "eagle3", "metrics": {"eval/sim_accept_len": 2.0, "eval/acc": [0.6, 0.3, 0.2]},
-                      "depth": 3}}
+        cells.append(
+            cell("served", k, "mine", tau, {"num_drafts": 100, "num_accepted_tokens_per_pos": per}, speed=1.0 + 0.1 * k)
+        )
+        cells.append(
+            cell(
+                "reference",
+                k,
+                "mine",
+                tau + 0.05,
+                {"num_drafts": 100, "num_accepted_tokens_per_pos": per},
+                acceptance_by_output_position={"bin_size": 16, "draft_tokens": [10, 5], "acceptance_rate": [0.5, None]},
+            )
+        )
+    heads = {
+        "mine": {"family": "eagle3", "metrics": {"eval/sim_accept_len": 2.0, "eval/acc": [0.6, 0.3, 0.2]}, "depth": 3}
+    }
     return cells, heads
 
 
@@ -87,10 +107,20 @@ def test_analyse_recommends_and_calibrates():
 
 def test_report_and_plots(tmp_path):
     cells, heads = synthetic()
-    result = {"created": "now", "target": "/t/SmolLM2", "ks": [1, 3], "temperatures": [0.0], "max_tokens": 64,
-              "seed": 0, "versions": {"vllm": "0.32.0"}, "methods": ["none", "mine"], "heads": heads,
-              "workloads": {"code": {"num_prompts": 2, "source": "HumanEval"}}, "cells": cells,
-              **analyse(cells, heads, [1, 3])}
+    result = {
+        "created": "now",
+        "target": "/t/SmolLM2",
+        "ks": [1, 3],
+        "temperatures": [0.0],
+        "max_tokens": 64,
+        "seed": 0,
+        "versions": {"vllm": "0.32.0"},
+        "methods": ["none", "mine"],
+        "heads": heads,
+        "workloads": {"code": {"num_prompts": 2, "source": "HumanEval"}},
+        "cells": cells,
+        **analyse(cells, heads, [1, 3]),
+    }
     result["plots"] = write_plots(result, tmp_path / "plots")
     assert set(result["plots"]) == {"per_position", "tau_vs_k", "speedup_vs_k", "acceptance_by_output_position"}
     for p in result["plots"].values():
@@ -118,8 +148,17 @@ def test_matrix_served_and_reference_on_tiny_target(tiny_target_dir, tmp_path):
     f = tmp_path / "rep.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in REPETITIVE))
     out = tmp_path / "m"
-    r = run_matrix(str(tiny_target_dir), [f"rep={f}", "code"], ["none", "ngram"], {}, ks=[1, 3],
-                   temperatures=[0.0], max_tokens=24, num_prompts=1, out_dir=str(out))
+    r = run_matrix(
+        str(tiny_target_dir),
+        [f"rep={f}", "code"],
+        ["none", "ngram"],
+        {},
+        ks=[1, 3],
+        temperatures=[0.0],
+        max_tokens=24,
+        num_prompts=1,
+        out_dir=str(out),
+    )
     cells = r["cells"]
     assert {c["source"] for c in cells} == {"served", "reference"}
     assert all(c["status"] == "ok" for c in cells), [c for c in cells if c["status"] != "ok"]
@@ -147,8 +186,18 @@ def test_reference_cells_do_not_share_drafter_state(tiny_target_dir, tmp_path):
 
     f = tmp_path / "rep.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in REPETITIVE))
-    r = run_matrix(str(tiny_target_dir), [f"rep={f}"], ["none", "suffix"], {}, ks=[1, 3], temperatures=[0.0],
-                   max_tokens=24, num_prompts=2, out_dir=str(tmp_path / "m"), served=False)
+    r = run_matrix(
+        str(tiny_target_dir),
+        [f"rep={f}"],
+        ["none", "suffix"],
+        {},
+        ks=[1, 3],
+        temperatures=[0.0],
+        max_tokens=24,
+        num_prompts=2,
+        out_dir=str(tmp_path / "m"),
+        served=False,
+    )
     got = {c["k"]: c for c in r["cells"] if c["method"] == "suffix"}
     tok = AutoTokenizer.from_pretrained(tiny_target_dir)
     prompts = render_prompts(tok, [{"messages": [{"role": "user", "content": x["prompt"]}]} for x in REPETITIVE])
@@ -156,8 +205,10 @@ def test_reference_cells_do_not_share_drafter_state(tiny_target_dir, tmp_path):
     stop = tuple(r["stop_ids"])
     _, alone = decode_prompts(tgt, SuffixDrafter(), prompts, k=3, max_tokens=24, stop_ids=stop)
     _, warm = decode_prompts(tgt, SuffixDrafter(), prompts * 2, k=3, max_tokens=24, stop_ids=stop)
-    print(f"suffix k=3: matrix cell tau {got[3]['mean_acceptance_length']:.3f}, standalone "
-          f"{alone['mean_acceptance_length']:.3f}, with the answers seen before {warm['mean_acceptance_length']:.3f}")
+    print(
+        f"suffix k=3: matrix cell tau {got[3]['mean_acceptance_length']:.3f}, standalone "
+        f"{alone['mean_acceptance_length']:.3f}, with the answers seen before {warm['mean_acceptance_length']:.3f}"
+    )
     assert got[3]["mean_acceptance_length"] == pytest.approx(alone["mean_acceptance_length"])
     assert got[3]["per_position_acceptance"] == pytest.approx(alone["per_position_acceptance"])
     # the test can tell: a drafter that has seen the answers accepts more
@@ -170,14 +221,27 @@ def test_reusable_served_cell(tmp_path):
     head = tmp_path / "heads" / "h"
     head.mkdir(parents=True)
     (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
-    want = {"target": "t", "prompts_file": "w.jsonl", "num_prompts": 2, "k": 3, "max_tokens": 8, "temperature": 0.0,
-            "seed": 0}
+    want = {
+        "target": "t",
+        "prompts_file": "w.jsonl",
+        "num_prompts": 2,
+        "k": 3,
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "seed": 0,
+    }
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     outputs = tmp_path / "out.json"
     outputs.write_text("{}")
-    rows = {"ngram": {"status": "ok", "speculative_config": ngram, "outputs": str(outputs)},
-            "h": {"status": "ok", "head_dir": str(head.resolve()), "outputs": str(outputs),
-                  "speculative_config": {"method": "eagle3", "model": str(head.resolve()), "num_speculative_tokens": 3}}}
+    rows = {
+        "ngram": {"status": "ok", "speculative_config": ngram, "outputs": str(outputs)},
+        "h": {
+            "status": "ok",
+            "head_dir": str(head.resolve()),
+            "outputs": str(outputs),
+            "speculative_config": {"method": "eagle3", "model": str(head.resolve()), "num_speculative_tokens": 3},
+        },
+    }
     (tmp_path / "acceptance.json").write_text(json.dumps({**want, "methods": rows}))
     assert _reusable(tmp_path, want, ["ngram"], {"h": str(head)})["k"] == 3
     assert _reusable(tmp_path / "nowhere", want, ["ngram"], {}) is None

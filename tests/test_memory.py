@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def compose(*overrides):
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     from draftsmith.train.config import register_configs
 
@@ -54,8 +55,14 @@ def test_tiny_dry_run_matches_the_built_models(tiny_target_dir, tmp_path):
     from draftsmith.train.memory import estimate
     from draftsmith.train.target import Target
 
-    over = [f"target.name_or_path={tiny_target_dir}", "target.hidden_size=128", "target.num_hidden_layers=6",
-            "target.vocab_size=49152", "target.aux_layer_ids=[1,3,4]", "head.draft_vocab_size=512"]
+    over = [
+        f"target.name_or_path={tiny_target_dir}",
+        "target.hidden_size=128",
+        "target.num_hidden_layers=6",
+        "target.vocab_size=49152",
+        "target.aux_layer_ids=[1,3,4]",
+        "head.draft_vocab_size=512",
+    ]
     cfg = compose("conf=eagle3_smollm2", *over)
     e = estimate(cfg, processes=2)
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
@@ -65,8 +72,20 @@ def test_tiny_dry_run_matches_the_built_models(tiny_target_dir, tmp_path):
     assert e["head_trainable_params"] == sum(p.numel() for p in head.parameters() if p.requires_grad)
     # the entry point: prints the table and stops before loading anything or writing checkpoints
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, str(ROOT / "train" / "run.py"), "conf=eagle3_smollm2", *over, "dry_run=true",
-                           "dry_run_processes=2", f"output_dir={out}"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train" / "run.py"),
+            "conf=eagle3_smollm2",
+            *over,
+            "dry_run=true",
+            "dry_run_processes=2",
+            f"output_dir={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| zero3 / fsdp FULL_SHARD |" in proc.stdout and "2 processes" in proc.stdout
     assert not (out / "checkpoints").exists()

@@ -14,7 +14,7 @@ def greedy_reference(model, prompt, n):
     for _ in range(n):
         with torch.no_grad():
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 def test_hf_generate_is_the_targets_greedy_continuation(tiny_target_dir):
@@ -37,7 +37,9 @@ def test_cached_generate_reuses_and_keys_on_settings(tiny_target_dir, tmp_path):
     assert len(files) == 1 and not list(tmp_path.glob(".tmp-*"))
     again = cached_generate(str(tiny_target_dir), PROMPTS, 5, 0.0, 0, tmp_path, backend="hf", log=said.append)
     assert again == first and "from cache" in said[-1]
-    assert cache_key(str(tiny_target_dir), PROMPTS, 5, 0.0, 0, "hf") != cache_key(str(tiny_target_dir), PROMPTS, 5, 0.7, 0, "hf")
+    assert cache_key(str(tiny_target_dir), PROMPTS, 5, 0.0, 0, "hf") != cache_key(
+        str(tiny_target_dir), PROMPTS, 5, 0.7, 0, "hf"
+    )
     files[0].write_text("{not json")  # a damaged cache is regenerated, not trusted
     assert cached_generate(str(tiny_target_dir), PROMPTS, 5, 0.0, 0, tmp_path, backend="hf", log=said.append) == first
 

@@ -15,10 +15,24 @@ STEPS = int(os.environ.get("DRAFTSMITH_TEST_MLP_STEPS", "16"))
 
 
 def train(out, *overrides):
-    cmd = [sys.executable, str(ROOT / "train" / "run.py"), "conf=mlp_smollm2", f"output_dir={out}",
-           "data.num_conversations=600", "data.heldout=16", f"optim.max_steps={STEPS}", "optim.warmup_steps=2", "optim.lr=3e-3",
-           "optim.max_minutes=null", "eval_every=0", "save_every=0", "eval_batches=4", "log_every=4",
-           "wandb.mode=disabled", *overrides]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train" / "run.py"),
+        "conf=mlp_smollm2",
+        f"output_dir={out}",
+        "data.num_conversations=600",
+        "data.heldout=16",
+        f"optim.max_steps={STEPS}",
+        "optim.warmup_steps=2",
+        "optim.lr=3e-3",
+        "optim.max_minutes=null",
+        "eval_every=0",
+        "save_every=0",
+        "eval_batches=4",
+        "log_every=4",
+        "wandb.mode=disabled",
+        *overrides,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -37,8 +51,16 @@ def test_stage2_raises_served_acceptance_over_stage1(smollm2_dir, tmp_path):
     for name, run in (("stage1", s1), ("stage2", s2)):
         meta, state = load_head(run)
         heads[name] = str(export_mlp_speculator(state, MLPSpeculatorConfig(**meta["config"]), tmp_path / f"x_{name}"))
-    result = run_acceptance(str(smollm2_dir), str(s1 / "heldout_prompts.jsonl"), [], heads, k=3, max_tokens=64,
-                            num_prompts=16, out_dir=str(tmp_path / "acceptance"))
+    result = run_acceptance(
+        str(smollm2_dir),
+        str(s1 / "heldout_prompts.jsonl"),
+        [],
+        heads,
+        k=3,
+        max_tokens=64,
+        num_prompts=16,
+        out_dir=str(tmp_path / "acceptance"),
+    )
     by = result["methods"]
     keys = ("mean_acceptance_length", "per_position_acceptance", "acceptance_rate", "output_tokens_per_s")
     report = {n: {k: by[n].get(k) for k in keys} for n in by}

@@ -19,8 +19,12 @@ PROMPTS = [[1, 422, 1520, 314, 253], [1, 3437, 30, 9, 8, 7, 6, 5]]
 
 def probe(target_dir, head_dir, tmp_path, k=3):
     out = tmp_path / "probe.pt"
-    proc = subprocess.run([sys.executable, str(PROBE), str(target_dir), str(head_dir), json.dumps(PROMPTS), str(k), str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(PROBE), str(target_dir), str(head_dir), json.dumps(PROMPTS), str(k), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=False)
 

@@ -44,16 +44,24 @@ def test_head_equals_published_equations(tie, scale):
     for r in range(5):
         toks, logits = reference_chain(head, state[r], int(token[r]), 3)
         assert got[r].tolist() == toks
-        s = head.prepare(state[r:r + 1])
-        t = token[r:r + 1]
+        s = head.prepare(state[r : r + 1])
+        t = token[r : r + 1]
         for i in range(3):
             s = head.step(i, s, t)
             torch.testing.assert_close(head.logits(i, s)[0], logits[i], atol=1e-4, rtol=1e-4)
             t = torch.tensor([toks[i]])
     keys = set(head.trainable_state_dict())
     if tie:  # every tensor once: emb.0, ln.0, proj.0 (target width) + proj.1 (shared), a head per stage
-        assert keys == {"emb.0.weight", "proj.0.weight", "proj.1.weight", "ln.0.weight", "ln.0.bias",
-                        "head.0.weight", "head.1.weight", "head.2.weight"}
+        assert keys == {
+            "emb.0.weight",
+            "proj.0.weight",
+            "proj.1.weight",
+            "ln.0.weight",
+            "ln.0.bias",
+            "head.0.weight",
+            "head.1.weight",
+            "head.2.weight",
+        }
         assert head.emb[2].weight is head.emb[0].weight and head.proj[2].weight is head.proj[1].weight
     else:
         assert len(keys) == 3 * 5 and head.proj[0].weight.shape == (32, 48) and head.proj[1].weight.shape == (32, 32)
@@ -118,7 +126,12 @@ def test_export_round_trip_and_refusals(tmp_path, tie):
     head = MLPSpeculator(cfg)
     out = export_mlp_speculator(head.trainable_state_dict(), cfg, tmp_path / "x", target_config=tc)
     config = validate_mlp_export(out, tc)
-    assert (config["model_type"], config["emb_dim"], config["inner_dim"], config["n_predict"]) == ("mlp_speculator", 48, 32, 3)
+    assert (config["model_type"], config["emb_dim"], config["inner_dim"], config["n_predict"]) == (
+        "mlp_speculator",
+        48,
+        32,
+        3,
+    )
     assert config["tie_weights"] is tie and config["scale_input"] is True and config["vocab_size"] == 97
     back = load_speculator(out)  # what the vLLM proposer loads
     state, token = torch.randn(4, 48), torch.randint(0, 97, (4,))

@@ -7,10 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
-
 from test_train import data_file  # noqa: F401  (the module-scoped fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,14 +16,40 @@ RUN = ROOT / "train" / "run.py"
 
 
 def run_mlp(tiny_target_dir, data_file, out_dir, *overrides, cache=None):
-    args = [sys.executable, str(RUN), "conf=mlp_smollm2", f"target.name_or_path={tiny_target_dir}",
-            "target.hidden_size=128", "target.num_hidden_layers=6", "target.vocab_size=49152",
-            "target.aux_layer_ids=[1,3,4]", f"data.path={data_file}", "data.num_conversations=32", "data.heldout=4",
-            "data.max_length=96", "data.max_tokens_per_batch=512", "data.max_batch_size=4", "head.draft_vocab_size=512",
-            "head.inner_dim=64", "head.init=random", "optim.max_steps=6", "optim.warmup_steps=2", "optim.max_minutes=null",
-            "log_every=1", "eval_every=3", "save_every=3", "keep_checkpoints=3", "eval_batches=1",
-            "stage2.num_prompts=8", "stage2.prompt_tokens=16", "stage2.max_tokens=12", "stage2.backend=hf",
-            "wandb.mode=disabled", f"output_dir={out_dir}", *overrides]
+    args = [
+        sys.executable,
+        str(RUN),
+        "conf=mlp_smollm2",
+        f"target.name_or_path={tiny_target_dir}",
+        "target.hidden_size=128",
+        "target.num_hidden_layers=6",
+        "target.vocab_size=49152",
+        "target.aux_layer_ids=[1,3,4]",
+        f"data.path={data_file}",
+        "data.num_conversations=32",
+        "data.heldout=4",
+        "data.max_length=96",
+        "data.max_tokens_per_batch=512",
+        "data.max_batch_size=4",
+        "head.draft_vocab_size=512",
+        "head.inner_dim=64",
+        "head.init=random",
+        "optim.max_steps=6",
+        "optim.warmup_steps=2",
+        "optim.max_minutes=null",
+        "log_every=1",
+        "eval_every=3",
+        "save_every=3",
+        "keep_checkpoints=3",
+        "eval_batches=1",
+        "stage2.num_prompts=8",
+        "stage2.prompt_tokens=16",
+        "stage2.max_tokens=12",
+        "stage2.backend=hf",
+        "wandb.mode=disabled",
+        f"output_dir={out_dir}",
+        *overrides,
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     if cache:
         env["DRAFTSMITH_CACHE"] = str(cache)
@@ -61,7 +85,9 @@ def test_two_stages_resume_and_export(tiny_target_dir, data_file, tmp_path, smol
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
     shutil.copytree(s2 / "checkpoints" / "step_00000003", resumed / "checkpoints" / "step_00000003")
-    proc = run_mlp(tiny_target_dir, data_file, resumed, "head.stage=2", f"head.init_from={s1}", "resume=auto", cache=cache)
+    proc = run_mlp(
+        tiny_target_dir, data_file, resumed, "head.stage=2", f"head.init_from={s1}", "resume=auto", cache=cache
+    )
     assert "resumed from" in proc.stdout and "read from cache" in proc.stdout
     c = load_file(resumed / "checkpoints" / "step_00000006" / "head.safetensors")
     for k in a:

@@ -19,11 +19,21 @@ TRAIN_MINUTES = float(os.environ.get("DRAFTSMITH_TEST_TRAIN_MINUTES", "5"))
 def trained_run(smollm2_dir, tmp_path_factory):
     """One short training run of the preset on SmolLM2, shared by the tests of this module."""
     run = tmp_path_factory.mktemp("real") / "run"
-    cmd = [sys.executable, str(ROOT / "train" / "run.py"), "conf=eagle3_smollm2", f"output_dir={run}",
-           # the preset's data path at a test's size: 200 first turns re-answered by the target (vLLM, cached)
-           "data.num_conversations=200", "data.regen_max_tokens=128", "data.heldout=16",
-           f"optim.max_minutes={TRAIN_MINUTES}",
-           "optim.max_steps=400", "eval_every=0", "save_every=0", "wandb.mode=disabled"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train" / "run.py"),
+        "conf=eagle3_smollm2",
+        f"output_dir={run}",
+        # the preset's data path at a test's size: 200 first turns re-answered by the target (vLLM, cached)
+        "data.num_conversations=200",
+        "data.regen_max_tokens=128",
+        "data.heldout=16",
+        f"optim.max_minutes={TRAIN_MINUTES}",
+        "optim.max_steps=400",
+        "eval_every=0",
+        "save_every=0",
+        "wandb.mode=disabled",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=int(TRAIN_MINUTES * 60) + 600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run
@@ -44,9 +54,16 @@ def test_trained_head_beats_untrained_init_in_vllm(smollm2_dir, trained_run, tmp
     init.set_vocab(state["d2t"], state["t2d"])
     untrained = export_eagle3(init.trainable_state_dict(), cfg, tmp_path / "untrained", verifier=str(smollm2_dir), k=3)
 
-    result = run_acceptance(str(smollm2_dir), str(run / "heldout_prompts.jsonl"), [],
-                            {"trained": str(trained), "untrained": str(untrained)}, k=3, max_tokens=64,
-                            num_prompts=16, out_dir=str(tmp_path / "acceptance"))
+    result = run_acceptance(
+        str(smollm2_dir),
+        str(run / "heldout_prompts.jsonl"),
+        [],
+        {"trained": str(trained), "untrained": str(untrained)},
+        k=3,
+        max_tokens=64,
+        num_prompts=16,
+        out_dir=str(tmp_path / "acceptance"),
+    )
     keys = ("mean_acceptance_length", "per_position_acceptance", "acceptance_rate")
     by = result["methods"]
     print(json.dumps({n: {k: by[n].get(k) for k in keys} for n in by}, indent=1))
@@ -64,13 +81,22 @@ def test_matrix_on_smollm2_calibrates_reference_against_vllm(smollm2_dir, traine
     from draftsmith.eval.matrix import run_matrix
 
     out = tmp_path / "matrix"
-    r = run_matrix(str(smollm2_dir), [f"chat={trained_run / 'heldout_prompts.jsonl'}", "code"], ["none", "ngram"],
-                   {"trained": str(trained_run)}, ks=[2], temperatures=[0.0], max_tokens=32, num_prompts=4,
-                   out_dir=str(out))
+    r = run_matrix(
+        str(smollm2_dir),
+        [f"chat={trained_run / 'heldout_prompts.jsonl'}", "code"],
+        ["none", "ngram"],
+        {"trained": str(trained_run)},
+        ks=[2],
+        temperatures=[0.0],
+        max_tokens=32,
+        num_prompts=4,
+        out_dir=str(out),
+    )
     cells = r["cells"]
     assert all(c["status"] == "ok" for c in cells), [c for c in cells if c["status"] != "ok"]
-    assert {(c["source"], c["method"]) for c in cells} >= {(s, m) for s in ("served", "reference")
-                                                           for m in ("ngram", "trained")}
+    assert {(c["source"], c["method"]) for c in cells} >= {
+        (s, m) for s in ("served", "reference") for m in ("ngram", "trained")
+    }
     for c in cells:
         if c["method"] != "none":
             assert c["match_vs_none"] == 1.0, c

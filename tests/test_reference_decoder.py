@@ -8,18 +8,29 @@ import math
 
 import pytest
 import torch
-
-from draftsmith.eval.baselines import SuffixIndex, ngram_propose
-from draftsmith.eval import reference_decoder as rd
-from draftsmith.eval.reference_decoder import (DecodeStats, Eagle3Drafter, MLPSpeculatorDrafter, NgramDrafter, NoDrafter, SuffixDrafter,
-                                               alpha_from_tau, decode_prompts, expected_speedup,
-                                               expected_tokens_per_step, recommend_k, speculative_generate,
-                                               verify_greedy, verify_sampled)
-from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.train.target import Target
-
 from conftest import build_tiny_llama
 from reference import single_query_step
+
+from draftsmith.eval import reference_decoder as rd
+from draftsmith.eval.baselines import SuffixIndex, ngram_propose
+from draftsmith.eval.reference_decoder import (
+    DecodeStats,
+    Eagle3Drafter,
+    MLPSpeculatorDrafter,
+    NgramDrafter,
+    NoDrafter,
+    SuffixDrafter,
+    alpha_from_tau,
+    decode_prompts,
+    expected_speedup,
+    expected_tokens_per_step,
+    recommend_k,
+    speculative_generate,
+    verify_greedy,
+    verify_sampled,
+)
+from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.train.target import Target
 
 AUX = [1, 3, 4]
 
@@ -77,7 +88,7 @@ def plain_greedy(model, prompt, n):
     for _ in range(n):
         with torch.no_grad():
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 PROMPTS = [[5, 9, 17, 5, 9, 17, 5, 9], [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], [40, 41, 42, 43, 44, 45, 40, 41, 42, 43]]
@@ -87,8 +98,15 @@ def test_greedy_equals_plain_decoding_for_every_drafter(tiny128):
     model = tiny128.model
     head = make_head(model, 32, seed=1)
     expected = [plain_greedy(model, p, 24) for p in PROMPTS]
-    drafters = [NoDrafter(), NgramDrafter(2, 5), NgramDrafter(1, 3), SuffixDrafter(),
-                Eagle3Drafter(head), Eagle3Drafter(head, draft_sampling="sample"), MLPSpeculatorDrafter(make_mlp(model))]
+    drafters = [
+        NoDrafter(),
+        NgramDrafter(2, 5),
+        NgramDrafter(1, 3),
+        SuffixDrafter(),
+        Eagle3Drafter(head),
+        Eagle3Drafter(head, draft_sampling="sample"),
+        MLPSpeculatorDrafter(make_mlp(model)),
+    ]
     for drafter in drafters:
         for k in (1, 4):
             outs, s = decode_prompts(tiny128, drafter, PROMPTS, k=k, max_tokens=24)
@@ -148,9 +166,19 @@ def small_target():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(5)
-    cfg = LlamaConfig(vocab_size=SMALL_V, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=SMALL_V,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     model = LlamaForCausalLM(cfg).double().eval()
     model.get_output_embeddings().weight.data *= LOGIT_SCALE  # peaked: a few dozen outcomes carry the mass
     return Target(model, SMALL_AUX)
@@ -162,7 +190,7 @@ def exact_continuation_probs(target, prompt, temperature):
     with torch.no_grad():
         logp = torch.log_softmax(target.model(ids).logits.double() / temperature, -1)  # [N, T, V]
     P = len(prompt)
-    lp = sum(logp[:, P - 1 + i].gather(-1, seqs[:, i:i + 1])[:, 0] for i in range(CONT))
+    lp = sum(logp[:, P - 1 + i].gather(-1, seqs[:, i : i + 1])[:, 0] for i in range(CONT))
     return {tuple(s.tolist()): float(p) for s, p in zip(seqs, lp.exp())}
 
 
@@ -192,8 +220,9 @@ def sample_counts(target, drafter, prompt, n, temperature, seed=0):
     gen = torch.Generator().manual_seed(seed)
     counts: dict = {}
     for _ in range(n):
-        out = tuple(speculative_generate(target, drafter, prompt, k=2, max_tokens=CONT, temperature=temperature,
-                                         generator=gen))
+        out = tuple(
+            speculative_generate(target, drafter, prompt, k=2, max_tokens=CONT, temperature=temperature, generator=gen)
+        )
         counts[out] = counts.get(out, 0) + 1
     return counts
 
@@ -220,6 +249,7 @@ def test_sampled_output_distribution_equals_target(small_target, kind):
 
 def test_chi_square_catches_a_biased_verifier(small_target, monkeypatch):
     """The statistical test has power: resampling from p instead of the residual skews the output."""
+
     def biased(draft, q, p, generator):
         for i, d in enumerate(draft):
             if torch.rand((), generator=generator, dtype=p.dtype) >= p[i, d]:
@@ -315,7 +345,7 @@ def test_speedup_formula_and_k_recommendation():
     assert expected_tokens_per_step(0.0, 5) == 1.0
     assert expected_tokens_per_step(1.0, 3) == 4.0
     assert expected_tokens_per_step(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
-    assert expected_speedup(0.8, 3, 0.05) == pytest.approx((1 - 0.8 ** 4) / (0.2 * 1.15))
+    assert expected_speedup(0.8, 3, 0.05) == pytest.approx((1 - 0.8**4) / (0.2 * 1.15))
     assert expected_speedup(0.0, 3, 0.1) < 1.0  # useless drafts only cost
     for k, tau in [(1, 1.5), (3, 2.2), (7, 3.9)]:
         assert expected_tokens_per_step(alpha_from_tau(tau, k), k) == pytest.approx(tau, abs=1e-9)
@@ -336,8 +366,12 @@ def test_stats_bins_and_summary():
     s.record_round(7, 0, 0)  # no draft: not a drafting round
     s.generated_tokens, s.target_steps = 10, 4
     m = s.summary()
-    assert m["counters"] == {"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 2,
-                             "num_accepted_tokens_per_pos": [1, 1, 0]}
+    assert m["counters"] == {
+        "num_drafts": 2,
+        "num_draft_tokens": 6,
+        "num_accepted_tokens": 2,
+        "num_accepted_tokens_per_pos": [1, 1, 0],
+    }
     assert m["mean_acceptance_length"] == 2.0 and m["acceptance_rate"] == pytest.approx(1 / 3)
     assert m["per_position_acceptance"] == [0.5, 0.5, 0.0]
     assert m["acceptance_by_output_position"]["draft_tokens"] == [3, 3]
@@ -347,7 +381,7 @@ def test_stats_bins_and_summary():
 def test_generation_ends_at_the_first_stop_token(tiny128):
     full = plain_greedy(tiny128.model, PROMPTS[2], 24)
     stop = full[6]
-    want = full[:full.index(stop) + 1]
+    want = full[: full.index(stop) + 1]
     for drafter in (NoDrafter(), NgramDrafter(1, 3)):
         out = speculative_generate(tiny128, drafter, PROMPTS[2], k=4, max_tokens=24, stop_ids=(stop,))
         assert out == want, drafter.name

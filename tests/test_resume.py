@@ -1,5 +1,6 @@
 """A crash loses nothing that was finished: kill -9 mid-run then resume continues the loss curve bit for bit;
-a write killed midway leaves the previous checkpoint; rotation; unusable checkpoints and NaN losses explain themselves."""
+a write killed midway leaves the previous checkpoint; rotation; unusable checkpoints and NaN losses explain
+themselves."""
 
 import json
 import os
@@ -14,11 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_distributed import chats, tiny_args
 
 from draftsmith.train import checkpoint as ckpt_mod
 from draftsmith.train.checkpoint import CheckpointError, checkpoints, load_head, load_trainer_state, resolve_checkpoint
-
-from test_distributed import chats, tiny_args
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "train" / "run.py"
@@ -35,8 +35,13 @@ def data_file(tmp_path_factory):
 
 def args(target_dir, data_file, out, *extra):
     # 24 steps over 4-batch epochs: the kill and the resume cross epoch boundaries (data order per epoch)
-    return [sys.executable, str(RUN), *tiny_args(target_dir, data_file, out, f"optim.max_steps={STEPS}",
-                                                 "save_every=3", "keep_checkpoints=2", *extra)]
+    return [
+        sys.executable,
+        str(RUN),
+        *tiny_args(
+            target_dir, data_file, out, f"optim.max_steps={STEPS}", "save_every=3", "keep_checkpoints=2", *extra
+        ),
+    ]
 
 
 def losses(run_dir: Path) -> dict[int, list[float]]:
@@ -57,8 +62,9 @@ def test_kill9_then_resume_is_bit_exact(tiny_target_dir, data_file, tmp_path):
     kill_at = random.Random(5).randint(4, STEPS - 8)  # a step after the first checkpoint (step 3), before the end
     for attempt in range(3):  # on a starved machine the poller can miss the window: try again, killing earlier
         killed = tmp_path / f"killed{attempt}"
-        proc = subprocess.Popen(args(tiny_target_dir, data_file, killed), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=ENV)
+        proc = subprocess.Popen(
+            args(tiny_target_dir, data_file, killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV
+        )
         metrics = killed / "metrics.jsonl"
         deadline = time.time() + 1800  # generous: on a shared 2-core machine a niced run can be starved for minutes
         try:
@@ -80,14 +86,17 @@ def test_kill9_then_resume_is_bit_exact(tiny_target_dir, data_file, tmp_path):
     saved = int(resolve_checkpoint(killed).name.split("_")[1])
     assert 3 <= saved <= last
 
-    p = subprocess.run(args(tiny_target_dir, data_file, killed, "resume=auto"), capture_output=True, text=True,
-                       timeout=1800, env=ENV)
+    p = subprocess.run(
+        args(tiny_target_dir, data_file, killed, "resume=auto"), capture_output=True, text=True, timeout=1800, env=ENV
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"resumed from {killed / 'checkpoints' / f'step_{saved:08d}'}" in p.stdout
     ref, got = losses(full), losses(killed)
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
-    print(f"\nSIGKILL after step {last}, resumed from step {saved}; losses per step (uninterrupted | killed+resumed): "
-          + ", ".join(f"{s}: {ref[s][0]:.6f} | {got[s]}" for s in sorted(ref)))
+    print(
+        f"\nSIGKILL after step {last}, resumed from step {saved}; losses per step (uninterrupted | killed+resumed): "
+        + ", ".join(f"{s}: {ref[s][0]:.6f} | {got[s]}" for s in sorted(ref))
+    )
     for step, values in got.items():  # steps run before the kill, re-run after it, and new ones: all identical
         assert all(v == ref[step][0] for v in values), (step, values, ref[step])
     # the resume drops the lines the kill left past its checkpoint: every step is logged once, as in `full`
@@ -99,7 +108,7 @@ def test_kill9_then_resume_is_bit_exact(tiny_target_dir, data_file, tmp_path):
     sa = load_trainer_state(full)
     sb = load_trainer_state(killed)
     assert sa["scheduler"] == sb["scheduler"] and (sa["epoch"], sa["cursor"]) == (sb["epoch"], sb["cursor"])
-    for (ka, va), (kb, vb) in zip(sa["optimizer"]["state"].items(), sb["optimizer"]["state"].items()):
+    for (ka, va), (_, vb) in zip(sa["optimizer"]["state"].items(), sb["optimizer"]["state"].items()):
         for name in va:
             assert torch.equal(torch.as_tensor(va[name]), torch.as_tensor(vb[name])), (ka, name)
     assert [p.name for p in checkpoints(killed)] == [f"step_{STEPS - 3:08d}", f"step_{STEPS:08d}"]  # keep 2
@@ -153,8 +162,13 @@ def test_truncated_or_corrupt_checkpoint_names_the_file(tmp_path):
 def two_steps(tiny_target_dir, data_file, tmp_path_factory):
     """A run dir whose only checkpoint is step 2."""
     run = tmp_path_factory.mktemp("two_steps") / "run"
-    p = subprocess.run(args(tiny_target_dir, data_file, run, "optim.max_steps=2", "save_every=2"),
-                       capture_output=True, text=True, timeout=600, env=ENV)
+    p = subprocess.run(
+        args(tiny_target_dir, data_file, run, "optim.max_steps=2", "save_every=2"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return run
 
@@ -163,20 +177,45 @@ def test_checkpoint_from_another_target_or_vocab_is_refused(tiny_target_dir, dat
     run = two_steps
     other = tmp_path / "other"  # the same run resumed with another head shape: refused, naming the field
     shutil.copytree(run / "checkpoints", other / "checkpoints")
-    p = subprocess.run([*args(tiny_target_dir, data_file, other, "resume=auto", "head.intermediate_size=64")],
-                       capture_output=True, text=True, timeout=600, env=ENV)
+    p = subprocess.run(
+        [*args(tiny_target_dir, data_file, other, "resume=auto", "head.intermediate_size=64")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
     assert p.returncode != 0
     assert "trained for another target or head shape: intermediate_size checkpoint=256 here=64" in p.stderr
     words = tmp_path / "words.jsonl"  # other data, so another draft vocab of the same size
-    words.write_text("".join(json.dumps({"id": f"w{i}", "messages": [
-        {"role": "user", "content": f"Spell {i} zebra quantum violin."},
-        {"role": "assistant", "content": f"Zebra {i}, quantum {i * 7}, violin {i * 13}: xylophone jukebox."}]}) + "\n"
-        for i in range(40)))
-    p = subprocess.run([*args(tiny_target_dir, words, other, "resume=auto", "head.draft_vocab_size=128")],
-                       capture_output=True, text=True, timeout=600, env=ENV)
+    words.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"w{i}",
+                    "messages": [
+                        {"role": "user", "content": f"Spell {i} zebra quantum violin."},
+                        {
+                            "role": "assistant",
+                            "content": f"Zebra {i}, quantum {i * 7}, violin {i * 13}: xylophone jukebox.",
+                        },
+                    ],
+                }
+            )
+            + "\n"
+            for i in range(40)
+        )
+    )
+    p = subprocess.run(
+        [*args(tiny_target_dir, words, other, "resume=auto", "head.draft_vocab_size=128")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
     assert p.returncode != 0 and "draft_vocab_size checkpoint=512 here=128" in p.stderr
-    p = subprocess.run([*args(tiny_target_dir, words, other, "resume=auto")], capture_output=True, text=True,
-                       timeout=600, env=ENV)
+    p = subprocess.run(
+        [*args(tiny_target_dir, words, other, "resume=auto")], capture_output=True, text=True, timeout=600, env=ENV
+    )
     assert p.returncode != 0 and "its draft vocab differs" in p.stderr
 
 
@@ -195,7 +234,9 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(tiny_target_dir
     for f in Path(tiny_target_dir).glob("*"):
         if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
             shutil.copy(f, bad / f.name)
-    p = subprocess.run([*args(bad, data_file, run, "resume=auto")], capture_output=True, text=True, timeout=600, env=ENV)
+    p = subprocess.run(
+        [*args(bad, data_file, run, "resume=auto")], capture_output=True, text=True, timeout=600, env=ENV
+    )
     assert p.returncode != 0
     assert "train: error: loss is nan at step 2 (epoch 0, batch 2, conversations on rank 0: ['c" in p.stderr
     assert "Traceback" not in p.stderr  # one message, no stack
@@ -210,9 +251,23 @@ def test_eval_and_export_refuse_a_head_from_another_target(two_steps, tiny_model
     from draftsmith.train.target import Target
 
     other = Target(tiny_model, [1, 3, 4])  # same width, a 128-token vocab instead of 49,152
-    with pytest.raises(CheckpointError, match=r"trained for .*tiny_target.*not this target: vocab_size head=49152 target=128"):
+    with pytest.raises(
+        CheckpointError, match=r"trained for .*tiny_target.*not this target: vocab_size head=49152 target=128"
+    ):
         load_head_drafter("mine", two_steps, other)
     tiny_model.save_pretrained(tmp_path / "other_target")
-    assert main(["export", "--format", "vllm", str(two_steps), str(tmp_path / "out"),
-                 "--target", str(tmp_path / "other_target")]) == 1
+    assert (
+        main(
+            [
+                "export",
+                "--format",
+                "vllm",
+                str(two_steps),
+                str(tmp_path / "out"),
+                "--target",
+                str(tmp_path / "other_target"),
+            ]
+        )
+        == 1
+    )
     assert "vocab" in capsys.readouterr().err

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_extract import _feature_source, data_file, overrides, run_extract, train_in_process  # noqa: F401
 
 import draftsmith.train.features.shards as shards
 from draftsmith.train.features.shards import ShardError, ShardStore, load_manifest, parse_size, validate
-from test_extract import _feature_source, data_file, overrides, run_extract, train_in_process  # noqa: F401
 
 
 def _compose(args):
@@ -22,7 +22,7 @@ def overwrite_middle(path, n: int = 64) -> None:
     """Flip n bytes in the middle of a file, keeping its size (what a bad disk or a stray writer does)."""
     blob = bytearray(path.read_bytes())
     mid = len(blob) // 2
-    blob[mid:mid + n] = bytes(b ^ 0x5A for b in blob[mid:mid + n])
+    blob[mid : mid + n] = bytes(b ^ 0x5A for b in blob[mid : mid + n])
     path.write_bytes(bytes(blob))
 
 
@@ -32,8 +32,9 @@ def test_fmt_size_up_never_rounds_below():
 
 
 @pytest.mark.parametrize("dtype, compression", [("fp32", "none"), ("bf16", "zlib")])
-def test_overwritten_shard_is_refused_before_its_data_is_used(tiny_target_dir, data_file, tmp_path, monkeypatch,
-                                                              dtype, compression):
+def test_overwritten_shard_is_refused_before_its_data_is_used(
+    tiny_target_dir, data_file, tmp_path, monkeypatch, dtype, compression
+):
     args = overrides(tiny_target_dir, data_file, tmp_path / "x")
     out = tmp_path / "f"
     run_extract(args, out, shard_size="96K", dtype=dtype, compression=compression)
@@ -90,8 +91,16 @@ def test_offline_training_stops_on_an_overwritten_shard(tiny_target_dir, data_fi
     for name in names:  # every shard, so the first batch meets one whichever samples it holds
         overwrite_middle(out / name)
     with pytest.raises(ShardError, match=rf"{out}/shard-r00000-\d{{6}}\.safetensors: sha256 .* none of its data"):
-        train_in_process(overrides(tiny_target_dir, data_file, tmp_path / "run", "data.features=offline",
-                                   f"data.features_dir={out}", "optim.max_steps=2"))
+        train_in_process(
+            overrides(
+                tiny_target_dir,
+                data_file,
+                tmp_path / "run",
+                "data.features=offline",
+                f"data.features_dir={out}",
+                "optim.max_steps=2",
+            )
+        )
 
 
 def test_max_disk_too_small_for_one_shard_fails_and_writes_nothing(tiny_target_dir, data_file, tmp_path, capsys):
@@ -101,11 +110,16 @@ def test_max_disk_too_small_for_one_shard_fails_and_writes_nothing(tiny_target_d
     out = tmp_path / "f"
     assert main(["extract", "--out", str(out), "--max-disk", "16K", *args]) == 2
     lines = [x for x in capsys.readouterr().err.splitlines() if "draftsmith extract: error:" in x]
-    assert len(lines) == 1 and lines[0].startswith("draftsmith extract: error: --max-disk 16K (16,384 bytes) is too "
-                                                   "small to write even one shard, so nothing was written"), lines
+    assert len(lines) == 1 and lines[0].startswith(
+        "draftsmith extract: error: --max-disk 16K (16,384 bytes) is too "
+        "small to write even one shard, so nothing was written"
+    ), lines
     err = lines[0]
-    need = int(re.search(r"smallest first shard \(one sample, with its manifest entries\) needs ([\d,]+) bytes",
-                         err).group(1).replace(",", ""))
+    need = int(
+        re.search(r"smallest first shard \(one sample, with its manifest entries\) needs ([\d,]+) bytes", err)
+        .group(1)
+        .replace(",", "")
+    )
     smallest = re.search(r"the smallest --max-disk that lets extraction start is (\S+);", err).group(1)
     assert need > 16 * 1024 and re.search(r"bytes/token x [\d,]+ tokens", err)
     assert not list(out.glob("shard-*")) and load_manifest(out)["covered_samples"] == 0
@@ -118,8 +132,9 @@ def test_max_disk_too_small_for_one_shard_fails_and_writes_nothing(tiny_target_d
     assert validate(out)[1] == []
 
 
-def test_offline_cache_redoes_deleted_shards_and_refuses_an_incomplete_extraction(tiny_target_dir, data_file, tmp_path,
-                                                                                  monkeypatch):
+def test_offline_cache_redoes_deleted_shards_and_refuses_an_incomplete_extraction(
+    tiny_target_dir, data_file, tmp_path, monkeypatch
+):
     """data.features=offline without a dir: a shard deleted from the cache is extracted again by the next run; an
     extraction that covers fewer samples than the run has stops it with one paragraph, not a traceback."""
     from accelerate import Accelerator
@@ -151,10 +166,15 @@ def test_offline_cache_redoes_deleted_shards_and_refuses_an_incomplete_extractio
 
     (Path(root) / shard["name"]).unlink()
     real = extract_mod.extract
-    monkeypatch.setattr(extract_mod, "extract", lambda *a, **kw: {**real(*a, **kw), "complete": False,
-                                                                  "covered_samples": 0, "stopped": None})
-    with pytest.raises(ShardError, match=rf"covered 0 of 32 training samples \(the extraction stopped early\), so "
-                                         r"training did not start\. Run the same command again") as e:
+    monkeypatch.setattr(
+        extract_mod,
+        "extract",
+        lambda *a, **kw: {**real(*a, **kw), "complete": False, "covered_samples": 0, "stopped": None},
+    )
+    with pytest.raises(
+        ShardError,
+        match=r"covered 0 of 32 training samples \(the extraction stopped early\), so "
+        r"training did not start\. Run the same command again",
+    ) as e:
         ensure()
     assert "\n" not in str(e.value)
-

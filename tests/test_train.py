@@ -19,12 +19,17 @@ def conversations(n: int) -> list[dict]:
     out = []
     for i in range(n):
         t = topics[i % len(topics)]
-        out.append({"id": f"c{i}", "conversations": [
-            {"from": "human", "value": f"Tell me something about {t}, please ({i})."},
-            {"from": "gpt", "value": f"Here is a fact about {t}: it is often described as remarkable. " * 3},
-            {"from": "human", "value": "And one more?"},
-            {"from": "gpt", "value": f"Another fact: {t} appears in many stories."},
-        ]})
+        out.append(
+            {
+                "id": f"c{i}",
+                "conversations": [
+                    {"from": "human", "value": f"Tell me something about {t}, please ({i})."},
+                    {"from": "gpt", "value": f"Here is a fact about {t}: it is often described as remarkable. " * 3},
+                    {"from": "human", "value": "And one more?"},
+                    {"from": "gpt", "value": f"Another fact: {t} appears in many stories."},
+                ],
+            }
+        )
     return out
 
 
@@ -36,13 +41,35 @@ def data_file(tmp_path_factory):
 
 
 def run_train(tiny_target_dir, data_file, out_dir, *overrides):
-    args = [sys.executable, str(RUN), "conf=eagle3_smollm2", f"target.name_or_path={tiny_target_dir}",
-            "target.hidden_size=128", "target.num_hidden_layers=6", "target.vocab_size=49152",
-            "target.aux_layer_ids=[1,3,4]", f"data.path={data_file}", "data.num_conversations=32", "data.heldout=4",
-            "data.max_length=96", "data.max_tokens_per_batch=512", "data.max_batch_size=4", "head.draft_vocab_size=512",
-            "data.features=online",  # bit-exact resume; memory mode recomputes features after a resume
-            "optim.max_steps=8", "optim.warmup_steps=2", "optim.max_minutes=null", "log_every=1", "eval_every=4",
-            "save_every=4", "keep_checkpoints=3", "eval_batches=1", "wandb.mode=disabled", f"output_dir={out_dir}", *overrides]
+    args = [
+        sys.executable,
+        str(RUN),
+        "conf=eagle3_smollm2",
+        f"target.name_or_path={tiny_target_dir}",
+        "target.hidden_size=128",
+        "target.num_hidden_layers=6",
+        "target.vocab_size=49152",
+        "target.aux_layer_ids=[1,3,4]",
+        f"data.path={data_file}",
+        "data.num_conversations=32",
+        "data.heldout=4",
+        "data.max_length=96",
+        "data.max_tokens_per_batch=512",
+        "data.max_batch_size=4",
+        "head.draft_vocab_size=512",
+        "data.features=online",  # bit-exact resume; memory mode recomputes features after a resume
+        "optim.max_steps=8",
+        "optim.warmup_steps=2",
+        "optim.max_minutes=null",
+        "log_every=1",
+        "eval_every=4",
+        "save_every=4",
+        "keep_checkpoints=3",
+        "eval_batches=1",
+        "wandb.mode=disabled",
+        f"output_dir={out_dir}",
+        *overrides,
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=out_dir.parent)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -88,8 +115,15 @@ def test_train_checkpoint_resume_is_exact_and_exports(tiny_target_dir, data_file
 
 
 def test_wrong_target_preset_fails_fast(tiny_target_dir, data_file, tmp_path):
-    args = [sys.executable, str(RUN), "conf=eagle3_smollm2", f"target.name_or_path={tiny_target_dir}",
-            f"data.path={data_file}", f"output_dir={tmp_path / 'x'}", "wandb.mode=disabled"]
+    args = [
+        sys.executable,
+        str(RUN),
+        "conf=eagle3_smollm2",
+        f"target.name_or_path={tiny_target_dir}",
+        f"data.path={data_file}",
+        f"output_dir={tmp_path / 'x'}",
+        "wandb.mode=disabled",
+    ]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "not the model this preset describes" in proc.stderr
@@ -130,8 +164,15 @@ def test_supervise_all_trains_on_prompt_rows_too(tiny_target_dir, data_file, tmp
     runs = {}
     for mode in ("assistant", "all"):
         out = tmp_path / mode
-        run_train(tiny_target_dir, data_file, out, f"data.supervise={mode}", "optim.max_steps=2", "eval_every=2",
-                  "save_every=0")
+        run_train(
+            tiny_target_dir,
+            data_file,
+            out,
+            f"data.supervise={mode}",
+            "optim.max_steps=2",
+            "eval_every=2",
+            "save_every=0",
+        )
         runs[mode] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     tokens = {m: [r["tokens"] for r in logs if "loss" in r][-1] for m, logs in runs.items()}
     assert tokens["all"] > 1.3 * tokens["assistant"], tokens  # the user turns and system prompt join the loss

@@ -11,16 +11,21 @@ import time
 from pathlib import Path
 
 import pytest
+from test_distributed import chats, tiny_args
 
 from draftsmith.errors import ConfigError, DraftsmithError, Interrupted, handle_errors
 from draftsmith.train.checkpoint import checkpoints, trim_metrics
 
-from test_distributed import chats, tiny_args
-
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "train" / "run.py"
-ENV = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-       "DRAFTSMITH_DEBUG": "", "HYDRA_FULL_ERROR": ""}
+ENV = {
+    **os.environ,
+    "WANDB_MODE": "disabled",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "DRAFTSMITH_DEBUG": "",
+    "HYDRA_FULL_ERROR": "",
+}
 
 
 def compose(*overrides):
@@ -29,18 +34,31 @@ def compose(*overrides):
     return compose_run(["conf=eagle3_smollm2", *overrides])
 
 
-@pytest.mark.parametrize("override, key", [
-    ("optim.lr=-1", "optim.lr=-1.0"), ("optim.lr=0", "optim.lr=0.0"), ("optim.max_steps=0", "optim.max_steps=0"),
-    ("optim.max_steps=-1", "optim.max_steps=-1"), ("optim.max_minutes=0", "optim.max_minutes=0"),
-    ("optim.grad_clip=0", "optim.grad_clip=0.0"), ("optim.grad_accum=0", "optim.grad_accum=0"),
-    ("optim.betas=[0.9,1.5]", "optim.betas="), ("head.ttt_steps=0", "head.ttt_steps=0"),
-    ("head.draft_vocab_size=100000", "head.draft_vocab_size=100000"), ("head.draft_vocab_size=0", "head.draft_vocab_size=0"),
-    ("head.family=medusa", "head.family=medusa"), ("data.num_conversations=0", "data.num_conversations=0"),
-    ("data.max_tokens_per_batch=100", "data.max_tokens_per_batch=100"), ("data.features=disk", "data.features=disk"),
-    ("data.max_disk=lots", "data.max_disk=lots"), ("data.supervise=everything", "data.supervise=everything"),
-    ("keep_checkpoints=0", "keep_checkpoints=0"), ("resume=/no/such/run", "resume=/no/such/run"),
-    ("mixed_precision=fp8", "mixed_precision=fp8"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optim.lr=-1", "optim.lr=-1.0"),
+        ("optim.lr=0", "optim.lr=0.0"),
+        ("optim.max_steps=0", "optim.max_steps=0"),
+        ("optim.max_steps=-1", "optim.max_steps=-1"),
+        ("optim.max_minutes=0", "optim.max_minutes=0"),
+        ("optim.grad_clip=0", "optim.grad_clip=0.0"),
+        ("optim.grad_accum=0", "optim.grad_accum=0"),
+        ("optim.betas=[0.9,1.5]", "optim.betas="),
+        ("head.ttt_steps=0", "head.ttt_steps=0"),
+        ("head.draft_vocab_size=100000", "head.draft_vocab_size=100000"),
+        ("head.draft_vocab_size=0", "head.draft_vocab_size=0"),
+        ("head.family=medusa", "head.family=medusa"),
+        ("data.num_conversations=0", "data.num_conversations=0"),
+        ("data.max_tokens_per_batch=100", "data.max_tokens_per_batch=100"),
+        ("data.features=disk", "data.features=disk"),
+        ("data.max_disk=lots", "data.max_disk=lots"),
+        ("data.supervise=everything", "data.supervise=everything"),
+        ("keep_checkpoints=0", "keep_checkpoints=0"),
+        ("resume=/no/such/run", "resume=/no/such/run"),
+        ("mixed_precision=fp8", "mixed_precision=fp8"),
+    ],
+)
 def test_every_bad_value_is_named_with_its_key(override, key):
     from draftsmith.train.config import config_problems, validate_config
 
@@ -58,7 +76,8 @@ def test_the_presets_themselves_are_valid():
 
         assert config_problems(compose_run([f"conf={preset}"])) == [], preset
     assert config_problems(compose("conf=mlp_smollm2", "head.stage=2")) == [
-        "head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set head.init_from=<stage-1 run dir>"]
+        "head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set head.init_from=<stage-1 run dir>"
+    ]
 
 
 def test_handler_prints_one_paragraph_and_honours_debug(capsys, monkeypatch):
@@ -88,6 +107,10 @@ def data_file(tmp_path_factory):
     return path
 
 
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1] if text.strip() else ""
+
+
 def cli(*args, env=None, timeout=300):
     return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env=env or ENV, cwd=ROOT)
 
@@ -101,29 +124,59 @@ def test_bad_configs_and_arguments_reach_the_user_as_one_message(tmp_path, smoll
     train = [sys.executable, str(RUN), f"output_dir={tmp_path / 'run'}", "wandb.mode=disabled"]
     ds = [sys.executable, "-m", "draftsmith.cli"]
     cases = [
-        (train + ["optim.lr=-1", "head.ttt_steps=0", "data.num_conversations=0"],
-         ["optim.lr=-1.0", "head.ttt_steps=0", "data.num_conversations=0"], 2),
+        (
+            train + ["optim.lr=-1", "head.ttt_steps=0", "data.num_conversations=0"],
+            ["optim.lr=-1.0", "head.ttt_steps=0", "data.num_conversations=0"],
+            2,
+        ),
         (train + ["optim.max_steps=-1"], ["optim.max_steps=-1"], 2),
         (train + ["head.draft_vocab_size=100000"], ["head.draft_vocab_size=100000", "49152"], 2),
-        (train + ["target.name_or_path=/no/such/model"], ["target.name_or_path=/no/such/model", "no such directory"], 2),
+        (
+            train + ["target.name_or_path=/no/such/model"],
+            ["target.name_or_path=/no/such/model", "no such directory"],
+            2,
+        ),
         (train + [f"target.name_or_path={no_config}"], ["no config.json"], 2),
-        (train + ["conf=eagle3_llama8b"], ["target.name_or_path=meta-llama/Llama-3.1-8B-Instruct", "set target.name_or_path"], 2),
+        (
+            train + ["conf=eagle3_llama8b"],
+            ["target.name_or_path=meta-llama/Llama-3.1-8B-Instruct", "set target.name_or_path"],
+            2,
+        ),
         (train + ["head.tt_steps=3"], ["tt_steps"], 1),  # Hydra's own compose error: short, no stack
         (ds + ["export", str(tmp_path), str(tmp_path / "out")], [str(tmp_path)], 1),
-        (ds + ["eval", "acceptance", "--target", "smollm2", "--prompts", str(tmp_path / "missing.jsonl"),
-               "--out", str(tmp_path / "acc")], ["missing.jsonl"], 2),
+        (
+            ds
+            + [
+                "eval",
+                "acceptance",
+                "--target",
+                "smollm2",
+                "--prompts",
+                str(tmp_path / "missing.jsonl"),
+                "--out",
+                str(tmp_path / "acc"),
+            ],
+            ["missing.jsonl"],
+            2,
+        ),
         (ds + ["extract", "--validate", str(tmp_path / "no_features")], ["no_features"], 1),
         (ds + ["nosuchverb"], ["unknown verb"], 2),
-        (ds + ["extract", "--out", str(tmp_path / "f"), "conf=eagle3_smollm2", "optim.grad_clip=0"],
-         ["optim.grad_clip=0"], 2),
-        (ds + ["eval", "acceptance", "--target", "smollm2", "--prompts", "x.jsonl", "--k", "0", "--out", "o"],
-         ["--k"], 2),
+        (
+            ds + ["extract", "--out", str(tmp_path / "f"), "conf=eagle3_smollm2", "optim.grad_clip=0"],
+            ["optim.grad_clip=0"],
+            2,
+        ),
+        (
+            ds + ["eval", "acceptance", "--target", "smollm2", "--prompts", "x.jsonl", "--k", "0", "--out", "o"],
+            ["--k"],
+            2,
+        ),
         (ds + ["export", str(tmp_path), str(a_file)], [str(tmp_path)], 1),  # not a checkpoint; the file is kept
     ]
     for argv, wants, code in cases:
         p = cli(*argv)
         shown = p.stdout + p.stderr
-        print(f"\n$ {' '.join(argv[1:])}\n  -> rc {p.returncode}: {p.stderr.strip().splitlines()[-1][:300] if p.stderr.strip() else ''}")
+        print(f"\n$ {' '.join(argv[1:])}\n  -> rc {p.returncode}: {last_line(p.stderr)[:300]}")
         assert "Traceback" not in shown, shown[-3000:]
         assert p.returncode != 0, argv
         assert p.returncode == code, (argv, p.returncode, p.stderr[-2000:])
@@ -133,8 +186,13 @@ def test_bad_configs_and_arguments_reach_the_user_as_one_message(tmp_path, smoll
 
 
 def run_tiny(target_dir, data_file, out, *extra, timeout=600):
-    return subprocess.run([sys.executable, str(RUN), *tiny_args(target_dir, data_file, out, *extra)],
-                          capture_output=True, text=True, timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, str(RUN), *tiny_args(target_dir, data_file, out, *extra)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 def loss_steps(run: Path) -> list[int]:

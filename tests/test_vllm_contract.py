@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference import single_query_step
 
 from draftsmith.export.vllm import ExportError, export_eagle3, validate_export
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target
-
-from reference import single_query_step
 
 pytestmark = pytest.mark.slow
 PROBE = Path(__file__).with_name("vllm_probe.py")
@@ -40,15 +39,29 @@ def tiny_setup(tiny_target_dir, tmp_path_factory):
     t2d[ids] = True
     head.set_vocab(ids - torch.arange(Vd), t2d)
     out = tmp_path_factory.mktemp("heads")
-    dirs = {d: export_eagle3(head.trainable_state_dict(), cfg, out / d, verifier=str(tiny_target_dir), k=3,
-                             dialect=d, target_config=model.config) for d in ("speculators", "native")}
+    dirs = {
+        d: export_eagle3(
+            head.trainable_state_dict(),
+            cfg,
+            out / d,
+            verifier=str(tiny_target_dir),
+            k=3,
+            dialect=d,
+            target_config=model.config,
+        )
+        for d in ("speculators", "native")
+    }
     return model, head, dirs
 
 
 def probe(target_dir, head_dir, prompt_ids, tmp_path):
     out = tmp_path / "probe.pt"
-    proc = subprocess.run([sys.executable, str(PROBE), str(target_dir), str(head_dir), json.dumps(prompt_ids), str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(PROBE), str(target_dir), str(head_dir), json.dumps(prompt_ids), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=False)
 
@@ -122,8 +135,9 @@ def test_full_vocab_head_exports_without_maps_and_serves(tiny_target_dir, tmp_pa
     tc = AutoConfig.from_pretrained(tiny_target_dir)
     cfg = Eagle3Config.from_target(tc, tc.vocab_size, AUX, ttt_steps=3)
     head = Eagle3Head(cfg)
-    out = export_eagle3(head.trainable_state_dict(), cfg, tmp_path / "full", verifier=str(tiny_target_dir), k=3,
-                        target_config=tc)
+    out = export_eagle3(
+        head.trainable_state_dict(), cfg, tmp_path / "full", verifier=str(tiny_target_dir), k=3, target_config=tc
+    )
     from safetensors.torch import load_file
 
     assert "d2t" not in load_file(out / "model.safetensors")

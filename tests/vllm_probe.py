@@ -41,8 +41,15 @@ def main():
 
     target, head, prompt_json, out = sys.argv[1:5]
     prompt_ids = json.loads(prompt_json)
-    llm = LLM(model=target, speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3},
-              enforce_eager=True, dtype="float32", max_model_len=512, disable_log_stats=False, seed=0)
+    llm = LLM(
+        model=target,
+        speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3},
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=512,
+        disable_log_stats=False,
+        seed=0,
+    )
     arch = llm.collective_rpc(install_hooks)[0]
     res = llm.generate([TokensPrompt(prompt_token_ids=prompt_ids)], SamplingParams(temperature=0, max_tokens=16))
     metrics = {}

@@ -41,6 +41,7 @@ def fast_bf16(device: torch.device) -> bool:
 @functools.lru_cache(maxsize=1)
 def _cpu_bf16_speedup() -> float:
     """fp32 time / bf16 time of a [512, 1152] x [1152, 1536] matmul (a draft layer's MLP), best of 5 each."""
+
     def best(dtype) -> float:
         a, w = torch.randn(512, 1152, dtype=dtype), torch.randn(1152, 1536, dtype=dtype)
         a @ w  # warm-up: oneDNN picks and caches its kernel
@@ -73,19 +74,24 @@ def load_target_config(name_or_path: str):
     local = Path(path).expanduser()
     if local.exists():
         if not local.is_dir() or not (local / "config.json").is_file():
-            raise ConfigError(f"{key}: {local} is not a Hugging Face model directory (no config.json in it); point "
-                              "it at the directory that holds config.json, the tokenizer and the weights")
+            raise ConfigError(
+                f"{key}: {local} is not a Hugging Face model directory (no config.json in it); point "
+                "it at the directory that holds config.json, the tokenizer and the weights"
+            )
     elif Path(path).is_absolute() or path.startswith((".", "~")) or path.count("/") != 1:
-        raise ConfigError(f"{key}: no such directory {local}, and not a hub id (ORG/NAME); point it at a local "
-                          "model directory, or use target.name_or_path=smollm2 for the embedded default")
+        raise ConfigError(
+            f"{key}: no such directory {local}, and not a hub id (ORG/NAME); point it at a local "
+            "model directory, or use target.name_or_path=smollm2 for the embedded default"
+        )
     where = str(local) if local.exists() else path
     try:
         return where, AutoConfig.from_pretrained(where)
     except (OSError, ValueError) as e:
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{key}: cannot load it from the model hub ({reason}). On a machine without hub access, "
-                          f"download {path} where there is one and set target.name_or_path=/path/to/its/directory"
-                          ) from None
+        raise ConfigError(
+            f"{key}: cannot load it from the model hub ({reason}). On a machine without hub access, "
+            f"download {path} where there is one and set target.name_or_path=/path/to/its/directory"
+        ) from None
 
 
 def build_target(cfg, device: torch.device) -> tuple[Target, str]:
@@ -94,8 +100,10 @@ def build_target(cfg, device: torch.device) -> tuple[Target, str]:
     got = {"hidden_size": tc.hidden_size, "num_hidden_layers": tc.num_hidden_layers, "vocab_size": tc.vocab_size}
     want = {k: cfg[k] for k in got}
     if got != want:
-        raise ConfigError(f"target {cfg.name_or_path!r} is not the model this preset describes: config has {got}, "
-                          f"preset says {want}; fix target.* or pick the right conf=")
+        raise ConfigError(
+            f"target {cfg.name_or_path!r} is not the model this preset describes: config has {got}, "
+            f"preset says {want}; fix target.* or pick the right conf="
+        )
     target = Target.from_pretrained(path, cfg.aux_layer_ids, dtype=target_dtype(cfg.dtype, device))
     return target, path
 
@@ -105,9 +113,14 @@ def build_head(cfg, target: Target, vocab) -> Eagle3Head:
         return build_mlp_speculator(cfg, target)
     if cfg.family != "eagle3":
         raise ConfigError(f"head.family={cfg.family!r}: expected eagle3 | mlp_speculator")
-    hcfg = Eagle3Config.from_target(target.config, cfg.draft_vocab_size, target.aux_layer_ids,
-                                    ttt_steps=cfg.ttt_steps, norm_before_residual=cfg.norm_before_residual,
-                                    intermediate_size=cfg.intermediate_size)
+    hcfg = Eagle3Config.from_target(
+        target.config,
+        cfg.draft_vocab_size,
+        target.aux_layer_ids,
+        ttt_steps=cfg.ttt_steps,
+        norm_before_residual=cfg.norm_before_residual,
+        intermediate_size=cfg.intermediate_size,
+    )
     head = Eagle3Head(hcfg)
     head.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
     head.set_vocab(vocab.d2t, vocab.t2d)
@@ -151,7 +164,7 @@ def warm_start(head: Eagle3Head, target: Target) -> None:
     dst.hidden_norm.weight.copy_(src.input_layernorm.weight.float())
     dst.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight.float())
     fc = torch.zeros_like(head.fc.weight)  # [H, n_aux*H]
-    fc[:, (n_aux - 1) * H:] = torch.eye(H)
+    fc[:, (n_aux - 1) * H :] = torch.eye(H)
     head.fc.weight.copy_(fc)
     warm_start_output(head, target)
 
@@ -168,16 +181,18 @@ def regenerated_path(data_cfg, target_path: str) -> str:
 
     from draftsmith.train.data.regenerate import regenerate
 
-    source = data_cfg.path[len("regen:"):]
-    key = json.dumps([str(target_path), source, data_cfg.regen_max_tokens, data_cfg.regen_temperature,
-                      data_cfg.seed])
+    source = data_cfg.path[len("regen:") :]
+    key = json.dumps([str(target_path), source, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed])
     pool = cache_dir() / "regen" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".jsonl")
     n = data_cfg.num_conversations
     view = pool.with_name(pool.stem + (f".first{n}" if n is not None else ".all") + ".jsonl")
     if (view.parent / (view.name + ".complete")).is_file():
         return str(view)
-    wanted = set(regenerate(str(target_path), source, str(pool), n, data_cfg.regen_max_tokens,
-                            data_cfg.regen_temperature, data_cfg.seed)["ids"])
+    wanted = set(
+        regenerate(
+            str(target_path), source, str(pool), n, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed
+        )["ids"]
+    )
     with open(pool, "rb") as f:
         lines = [line for line in f if json.loads(line)["id"] in wanted]
     tmp = view.with_name(view.name + ".tmp")
@@ -199,25 +214,39 @@ def resolve_data_cfg(data_cfg, target_path: str):
 def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
     """Prepared (cached) data plus the draft vocab from its supervised-token counts."""
     data_cfg = resolve_data_cfg(cfg.data, tokenizer.name_or_path)
-    if len(tokenizer) > cfg.target.vocab_size:  # token ids past the target's embedding rows: a different model's tokenizer
-        raise DataError(f"tokenizer {tokenizer.name_or_path!r} has {len(tokenizer)} tokens but the target "
-                        f"{cfg.target.name_or_path!r} has {cfg.target.vocab_size} embeddings: they are not a pair")
+    if (
+        len(tokenizer) > cfg.target.vocab_size
+    ):  # token ids past the target's embedding rows: a different model's tokenizer
+        raise DataError(
+            f"tokenizer {tokenizer.name_or_path!r} has {len(tokenizer)} tokens but the target "
+            f"{cfg.target.name_or_path!r} has {cfg.target.vocab_size} embeddings: they are not a pair"
+        )
     data = prepare_data(data_cfg, tokenizer, cache_dir())
-    render = {f"{split} {k}": v for split, t in data.stats.get("render", {}).items() for k, v in t.items()
-              if k in ("render_errors", "no_supervised_tokens", "no_supervised_after_truncation", "truncated") and v}
+    render = {
+        f"{split} {k}": v
+        for split, t in data.stats.get("render", {}).items()
+        for k, v in t.items()
+        if k in ("render_errors", "no_supervised_tokens", "no_supervised_after_truncation", "truncated") and v
+    }
     if data.stats.get("skipped") or data.stats.get("trimmed") or data.stats.get("file_truncated") or render:
-        log(f"data problems (skipped records are not trained on):\n{data.stats['read']}"
-            + ("\nrendering: " + ", ".join(f"{k}={v}" for k, v in render.items()) if render else ""))
+        log(
+            f"data problems (skipped records are not trained on):\n{data.stats['read']}"
+            + ("\nrendering: " + ", ".join(f"{k}={v}" for k, v in render.items()) if render else "")
+        )
     pinned = sorted(special_ids(tokenizer))
     vocab = build_draft_vocab(data.counts, cfg.head.draft_vocab_size, pinned_ids=pinned)
     coverage = vocab.coverage(data.counts)
-    log(f"data: {len(data.train)} train / {len(data.heldout)} held-out samples, "
-        f"{int(data.counts.sum())} supervised tokens; draft vocab {cfg.head.draft_vocab_size} covers {coverage:.2%}")
+    log(
+        f"data: {len(data.train)} train / {len(data.heldout)} held-out samples, "
+        f"{int(data.counts.sum())} supervised tokens; draft vocab {cfg.head.draft_vocab_size} covers {coverage:.2%}"
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "heldout_prompts.jsonl", "w") as f:
         for p in data.heldout_prompts:
             f.write(json.dumps(p) + "\n")
-    (run_dir / "data_stats.json").write_text(json.dumps({**data.stats, "draft_vocab_coverage": coverage}, indent=2, default=str))
+    (run_dir / "data_stats.json").write_text(
+        json.dumps({**data.stats, "draft_vocab_coverage": coverage}, indent=2, default=str)
+    )
     return data, vocab
 
 
@@ -230,13 +259,20 @@ def build_mlp_speculator(cfg, target: Target):
     from draftsmith.train.checkpoint import load_head
     from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 
-    hcfg = MLPSpeculatorConfig.from_target(target.config, inner_dim=cfg.inner_dim, n_predict=cfg.n_predict,
-                                           tie_weights=cfg.tie_weights, scale_input=cfg.scale_input)
+    hcfg = MLPSpeculatorConfig.from_target(
+        target.config,
+        inner_dim=cfg.inner_dim,
+        n_predict=cfg.n_predict,
+        tie_weights=cfg.tie_weights,
+        scale_input=cfg.scale_input,
+    )
     head = MLPSpeculator(hcfg)
     if cfg.init_from:
         meta, state = load_head(cfg.init_from)
         if meta.get("family") != "mlp_speculator":
-            raise ConfigError(f"head.init_from={cfg.init_from}: holds a {meta.get('family')!r} head, not mlp_speculator")
+            raise ConfigError(
+                f"head.init_from={cfg.init_from}: holds a {meta.get('family')!r} head, not mlp_speculator"
+            )
         theirs = {k: v for k, v in meta["config"].items() if k != "target"}
         ours = {k: v for k, v in hcfg.to_dict().items() if k != "target"}
         if theirs != ours:

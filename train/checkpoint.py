@@ -60,13 +60,17 @@ def _no_checkpoint(path: Path) -> str:
     if not path.is_dir():
         return f"{path} is a file: expected {want}."
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-        return (f"{path} is an exported head (config.json + model.safetensors), not a training checkpoint: it is "
-                f"already exported; serve it as it is (--head NAME={path}), or export from the run it came from.")
+        return (
+            f"{path} is an exported head (config.json + model.safetensors), not a training checkpoint: it is "
+            f"already exported; serve it as it is (--head NAME={path}), or export from the run it came from."
+        )
     empty = " (its checkpoints/ has no finished step_* yet)" if (path / "checkpoints").is_dir() else ""
-    return (f"{path} holds no checkpoint: neither head.safetensors (a checkpoint directory) nor "
-            f"checkpoints/step_* (a run directory){empty}. Is this the run's output_dir? A run saves its first "
-            f"checkpoint at save_every steps, so one stopped before then has none: run it again (a lower "
-            f"save_every saves sooner).")
+    return (
+        f"{path} holds no checkpoint: neither head.safetensors (a checkpoint directory) nor "
+        f"checkpoints/step_* (a run directory){empty}. Is this the run's output_dir? A run saves its first "
+        f"checkpoint at save_every steps, so one stopped before then has none: run it again (a lower "
+        f"save_every saves sooner)."
+    )
 
 
 def prepare_run_dir(run_dir: Path, resume: str | None, overwrite: bool, main_process: bool, log=print) -> str | None:
@@ -87,12 +91,17 @@ def prepare_run_dir(run_dir: Path, resume: str | None, overwrite: bool, main_pro
         return None
     if resume is not None or not (found or metrics.exists()):
         return resume
-    what = (f"{len(found)} checkpoint(s) up to {found[-1].name}" if found else "no checkpoint") + " and " + \
-        ("a metrics.jsonl" if metrics.exists() else "no metrics.jsonl")
+    what = (
+        (f"{len(found)} checkpoint(s) up to {found[-1].name}" if found else "no checkpoint")
+        + " and "
+        + ("a metrics.jsonl" if metrics.exists() else "no metrics.jsonl")
+    )
     if not overwrite:
-        raise ConfigError(f"output_dir {run_dir} already holds a run ({what}). Continue it with resume=auto, "
-                          f"start over with overwrite=true (deletes its checkpoints and metrics), or train into "
-                          f"another directory (run_name=NAME or output_dir=DIR).")
+        raise ConfigError(
+            f"output_dir {run_dir} already holds a run ({what}). Continue it with resume=auto, "
+            f"start over with overwrite=true (deletes its checkpoints and metrics), or train into "
+            f"another directory (run_name=NAME or output_dir=DIR)."
+        )
     log(f"overwrite=true: deleting the earlier run in {run_dir} ({what})")
     if main_process:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -137,10 +146,12 @@ def save_checkpoint(run_dir, step: int, head_state: dict, head_meta: dict, train
         if not is_disk_full(e):
             raise
         kept = checkpoints(run_dir)
-        raise DiskFullError(f"no room to write checkpoint {final} ({free_space(final)} free): "
-                            f"{str(e).splitlines()[0][:200]}. Nothing of it was kept; "
-                            + (f"the previous checkpoint {kept[-1]} is intact. " if kept else "")
-                            + "Free space there and continue with resume=auto.") from None
+        raise DiskFullError(
+            f"no room to write checkpoint {final} ({free_space(final)} free): "
+            f"{str(e).splitlines()[0][:200]}. Nothing of it was kept; "
+            + (f"the previous checkpoint {kept[-1]} is intact. " if kept else "")
+            + "Free space there and continue with resume=auto."
+        ) from None
     for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old)
     return final
@@ -184,13 +195,34 @@ class Position:
     elapsed_s: float = 0.0  # training seconds before this process started (they count against optim.max_minutes)
 
 
-def save_run_state(run_dir, pos: Position, weights: dict, family: str, head_config: dict, metrics: dict, optimizer,
-                   scheduler, global_batch: int, elapsed_s: float, config: dict, keep: int) -> Path:
+def save_run_state(
+    run_dir,
+    pos: Position,
+    weights: dict,
+    family: str,
+    head_config: dict,
+    metrics: dict,
+    optimizer,
+    scheduler,
+    global_batch: int,
+    elapsed_s: float,
+    config: dict,
+    keep: int,
+) -> Path:
     """One checkpoint of a training run: the head (+ its config and last metrics) and everything resume needs."""
     meta = {"family": family, "config": head_config, "step": pos.step, "tokens": pos.tokens, "metrics": metrics}
-    trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": pos.step,
-               "epoch": pos.epoch, "cursor": pos.cursor, "tokens": pos.tokens, "rng": rng_state(),
-               "global_batch": global_batch, "elapsed_s": elapsed_s, "config": config}
+    trainer = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "step": pos.step,
+        "epoch": pos.epoch,
+        "cursor": pos.cursor,
+        "tokens": pos.tokens,
+        "rng": rng_state(),
+        "global_batch": global_batch,
+        "elapsed_s": elapsed_s,
+        "config": config,
+    }
     return save_checkpoint(run_dir, pos.step, weights, meta, trainer, keep)
 
 
@@ -200,16 +232,20 @@ def restore_run_state(ckpt: Path, head, optimizer, scheduler, world: int, accum:
     state = load_trainer_state(ckpt)
     group = state.get("global_batch", world * accum)
     if group != world * accum:  # the data position counts optimizer steps of `group` micro-batches
-        raise CheckpointError(f"{ckpt} was trained with {group} micro-batches per optimizer step (processes x "
-                              f"optim.grad_accum); this run has {world} x {accum}: set optim.grad_accum={group // world}"
-                              if group % world == 0 else f"{ckpt}: global batch {group} is not divisible by {world} "
-                              f"processes")
+        raise CheckpointError(
+            f"{ckpt} was trained with {group} micro-batches per optimizer step (processes x "
+            f"optim.grad_accum); this run has {world} x {accum}: set optim.grad_accum={group // world}"
+            if group % world == 0
+            else f"{ckpt}: global batch {group} is not divisible by {world} processes"
+        )
     meta, weights = load_head(ckpt)
     check_same_head(meta, head.config.to_dict(), ckpt)
     if "d2t" in weights and not torch.equal(weights["d2t"].to(head.d2t.device), head.d2t):
         # the target logits the features give are over this run's draft vocab; the checkpoint's head is not
-        raise CheckpointError(f"{ckpt}: its draft vocab differs from the one this run built from the data "
-                              f"(data.path, data.num_conversations or head.draft_vocab_size changed)")
+        raise CheckpointError(
+            f"{ckpt}: its draft vocab differs from the one this run built from the data "
+            f"(data.path, data.num_conversations or head.draft_vocab_size changed)"
+        )
     missing = head.load_state_dict(weights, strict=False)
     frozen_or_tied = set(head.state_dict()) - set(head.trainable_state_dict())  # e.g. embed_tokens, tied stages
     assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
@@ -223,26 +259,34 @@ def check_same_head(meta: dict, config: dict, ckpt) -> None:
     """Refuse a checkpoint whose head was built for another target or shape (names every differing field)."""
     ignore = {"target", "ttt_steps"}  # provenance; the unroll depth may change between runs
     theirs, ours = meta.get("config", {}), config
-    diff = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours) - ignore)
-            if k not in ignore and theirs.get(k) != ours.get(k)}
+    diff = {
+        k: (theirs.get(k), ours.get(k))
+        for k in sorted(set(theirs) | set(ours) - ignore)
+        if k not in ignore and theirs.get(k) != ours.get(k)
+    }
     for k in ("num_hidden_layers", "model_type"):  # the target it was trained against
         a, b = theirs.get("target", {}).get(k), ours.get("target", {}).get(k)
         if a is not None and b is not None and a != b:
             diff[f"target.{k}"] = (a, b)
     if diff:
-        raise CheckpointError(f"{ckpt}: this {meta.get('family', '?')} head was trained for another target or head "
-                              f"shape: " + ", ".join(f"{k} checkpoint={a!r} here={b!r}" for k, (a, b) in diff.items()))
+        raise CheckpointError(
+            f"{ckpt}: this {meta.get('family', '?')} head was trained for another target or head "
+            f"shape: " + ", ".join(f"{k} checkpoint={a!r} here={b!r}" for k, (a, b) in diff.items())
+        )
 
 
 def check_head_fits_target(config: dict, target_config, where) -> None:
     """Refuse to pair a head with a target it was not made for (before a shape error deep inside torch).
 
     `config` is a head config: training's, or one read back from an exported dir; a size it lacks is not checked."""
-    want = {"vocab_size": target_config.vocab_size,
-            "target_hidden_size": target_config.hidden_size,  # EAGLE-3
-            "emb_dim": target_config.hidden_size}  # MLP speculator
-    problems = [f"{k} head={config[k]} target={v}" for k, v in want.items()
-                if config.get(k) is not None and config[k] != v]
+    want = {
+        "vocab_size": target_config.vocab_size,
+        "target_hidden_size": target_config.hidden_size,  # EAGLE-3
+        "emb_dim": target_config.hidden_size,
+    }  # MLP speculator
+    problems = [
+        f"{k} head={config[k]} target={v}" for k, v in want.items() if config.get(k) is not None and config[k] != v
+    ]
     draft = config.get("draft_vocab_size")
     if draft is not None and draft > target_config.vocab_size:
         problems.append(f"draft_vocab_size head={draft} above the target's vocab_size {target_config.vocab_size}")
@@ -252,5 +296,8 @@ def check_head_fits_target(config: dict, target_config, where) -> None:
         problems.append(f"aux layers {bad_aux} beyond {n}")
     if problems:
         trained_on = (config.get("target") or {}).get("name_or_path") or "another target"
-        raise CheckpointError(f"{where}: this head was trained for {trained_on}, not this target: "
-                              + ", ".join(problems) + ". Pair it with the target it was made for.")
+        raise CheckpointError(
+            f"{where}: this head was trained for {trained_on}, not this target: "
+            + ", ".join(problems)
+            + ". Pair it with the target it was made for."
+        )

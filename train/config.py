@@ -161,6 +161,7 @@ def config_problems(cfg) -> list[str]:
 
     for key, allowed in CHOICES.items():
         need(key, lambda v, a=allowed: v in a, "expected one of " + " | ".join(map(str, allowed)))
+
     def optional_min(lo):
         return lambda v: v is None or v >= lo
 
@@ -183,13 +184,19 @@ def config_problems(cfg) -> list[str]:
     need("head.intermediate_size", optional_min(1), "null (the target's) or >= 1")
     if get("head.family") == "eagle3":
         vocab = get("target.vocab_size")
-        need("head.draft_vocab_size", lambda v: 1 <= v <= vocab,
-             f"the draft vocab is a subset of the target's {vocab} tokens: use 1..{vocab} (8,192-32,000 is usual)")
+        need(
+            "head.draft_vocab_size",
+            lambda v: 1 <= v <= vocab,
+            f"the draft vocab is a subset of the target's {vocab} tokens: use 1..{vocab} (8,192-32,000 is usual)",
+        )
     need("data.num_conversations", optional_min(1), "conversations to train on, >= 1, or null for all")
     need("data.heldout", lambda v: v >= 0, "held-out conversations, >= 0")
     need("data.max_length", lambda v: v >= 2, "tokens per sample, >= 2")
-    need("data.max_tokens_per_batch", lambda v: v >= get("data.max_length"),
-         f"a batch must hold one sample of data.max_length={get('data.max_length')} tokens")
+    need(
+        "data.max_tokens_per_batch",
+        lambda v: v >= get("data.max_length"),
+        f"a batch must hold one sample of data.max_length={get('data.max_length')} tokens",
+    )
     need("data.max_batch_size", lambda v: v >= 1, "samples per batch, >= 1")
     need("data.regen_max_tokens", lambda v: v >= 1, "answer length cap, >= 1")
     need("data.regen_temperature", lambda v: v >= 0, "0 (greedy) or a sampling temperature > 0")
@@ -208,12 +215,15 @@ def config_problems(cfg) -> list[str]:
     need("stage2.num_prompts", lambda v: v >= 1, "prompts per temperature, >= 1")
     need("stage2.max_tokens", lambda v: v >= 1, "generated tokens per prompt, >= 1")
     if get("head.family") == "mlp_speculator" and get("head.stage") == 2 and not get("head.init_from"):
-        problems.append("head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set "
-                        "head.init_from=<stage-1 run dir>")
+        problems.append(
+            "head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set "
+            "head.init_from=<stage-1 run dir>"
+        )
     resume = get("resume")
     if resume not in (None, "auto") and not os.path.isdir(str(resume)):
-        problems.append(f"resume={resume}: no such checkpoint or run directory (resume=auto takes the latest in "
-                        f"output_dir)")
+        problems.append(
+            f"resume={resume}: no such checkpoint or run directory (resume=auto takes the latest in output_dir)"
+        )
     return problems
 
 
@@ -223,8 +233,10 @@ def validate_config(cfg) -> None:
     if problems:
         from draftsmith.errors import ConfigError
 
-        raise ConfigError("the config cannot work: " + "; ".join(problems) + ". Fix the key(s) on the command "
-                          "line (key=value) or in the preset under conf/.")
+        raise ConfigError(
+            "the config cannot work: " + "; ".join(problems) + ". Fix the key(s) on the command "
+            "line (key=value) or in the preset under conf/."
+        )
 
 
 def conf_dir() -> Path:

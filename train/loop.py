@@ -43,8 +43,11 @@ class StopOnInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("\nCtrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again stops at once)",
-              file=sys.stderr, flush=True)
+        print(
+            "\nCtrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again stops at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self) -> "StopOnInterrupt":
         if threading.current_thread() is threading.main_thread():  # signal handlers live on the main thread only
@@ -81,7 +84,9 @@ def evaluate(cfg, head, target, samples, device, autocast) -> dict:
     objective = build_objective(cfg.head)
     model = objective.wrap(head)
     sums = {"acc": None, "n": None, "loss": 0.0, "accept": 0.0, "rows": 0.0}
-    order = make_batches([len(s.input_ids) for s in samples], cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, 0, 0)
+    order = make_batches(
+        [len(s.input_ids) for s in samples], cfg.data.max_tokens_per_batch, cfg.data.max_batch_size, 0, 0
+    )
     for idx in order[: cfg.eval_batches]:
         batch = {k: v.to(device) for k, v in collate([samples[i] for i in idx], target.pad_id).items()}
         feats = objective.features(target, head, batch, eval=True)
@@ -97,8 +102,11 @@ def evaluate(cfg, head, target, samples, device, autocast) -> dict:
         sums["rows"] += float(out.rows)
     head.train()
     accs = [a / max(n, 1) for a, n in zip(sums["acc"] or [], sums["n"] or [])]
-    return {"eval/acc": accs, "eval/loss": sums["loss"] / max(1, len(order[: cfg.eval_batches])),
-            "eval/sim_accept_len": 1 + sums["accept"] / max(sums["rows"], 1)}
+    return {
+        "eval/acc": accs,
+        "eval/loss": sums["loss"] / max(1, len(order[: cfg.eval_batches])),
+        "eval/sim_accept_len": 1 + sums["accept"] / max(sums["rows"], 1),
+    }
 
 
 def total_steps(cfg, data, per_epoch: int, world: int) -> int:
@@ -128,8 +136,11 @@ class StepFigures:
 
     @classmethod
     def of(cls, out) -> "StepFigures":
-        return cls(out.loss.detach().float(), torch.stack([x.float() for x in out.losses]),
-                   torch.stack([a.float() for a in out.accs]))
+        return cls(
+            out.loss.detach().float(),
+            torch.stack([x.float() for x in out.losses]),
+            torch.stack([a.float() for a in out.accs]),
+        )
 
     def __add__(self, other: "StepFigures") -> "StepFigures":
         return StepFigures(self.loss + other.loss, self.losses + other.losses, self.accs + other.accs)
@@ -138,7 +149,7 @@ class StepFigures:
         K = len(self.losses)
         flat = torch.cat([self.loss[None], self.losses, self.accs, self.loss.new_tensor([clock_s, float(stop)])])
         t = accelerator.reduce(flat, "sum")  # [1 + 2K + 2]
-        return StepFigures(t[0], t[1:1 + K], t[1 + K:1 + 2 * K], float(t[-2]), float(t[-1]))
+        return StepFigures(t[0], t[1 : 1 + K], t[1 + K : 1 + 2 * K], float(t[-2]), float(t[-1]))
 
 
 def global_counts(objective, batches: list[dict], accelerator) -> torch.Tensor:
@@ -147,13 +158,15 @@ def global_counts(objective, batches: list[dict], accelerator) -> torch.Tensor:
     Each step's loss is the mean over every supervised token of the global batch (all ranks, all micro-batches),
     not a mean of per-rank means: ranks see different token counts.
     """
-    local = torch.stack([torch.cat([objective.supervised_counts(b["loss_mask"]), b["loss_mask"].sum()[None]])
-                         for b in batches]).sum(0)  # [K + 1]
+    local = torch.stack(
+        [torch.cat([objective.supervised_counts(b["loss_mask"]), b["loss_mask"].sum()[None]]) for b in batches]
+    ).sum(0)  # [K + 1]
     return accelerator.reduce(local, "sum")
 
 
-def forward_backward(model, objective, features, micro: list[list[int]], batches: list[dict], counts, accelerator,
-                     world: int) -> StepFigures:
+def forward_backward(
+    model, objective, features, micro: list[list[int]], batches: list[dict], counts, accelerator, world: int
+) -> StepFigures:
     """Gradients of one optimizer step, accumulated over its micro-batches (gradient sync on the last only)."""
     figures = None
     for j, (idx, batch) in enumerate(zip(micro, batches)):
@@ -173,17 +186,21 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     run_dir, device = Path(cfg.output_dir), accelerator.device
     target.to(device)
     params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
-                                  weight_decay=cfg.optim.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
+    )
     world, accum, rank = accelerator.num_processes, cfg.optim.grad_accum, accelerator.process_index
     per_epoch = len(epoch_batches(data, cfg, 0, rank, world)) // accum
     if per_epoch == 0:
-        raise ConfigError(f"no training batches: {len(data.train)} samples for {world} processes x {accum} "
-                          f"micro-batches (lower optim.grad_accum or data.max_tokens_per_batch)")
+        raise ConfigError(
+            f"no training batches: {len(data.train)} samples for {world} processes x {accum} "
+            f"micro-batches (lower optim.grad_accum or data.max_tokens_per_batch)"
+        )
     total = total_steps(cfg, data, per_epoch, world)
     clock = {"time_frac": 0.0}  # share of optim.max_minutes used, read by the schedule
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_lambda(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio, clock["time_frac"]))
+        optimizer, lambda s: lr_lambda(s, cfg.optim.warmup_steps, total, cfg.optim.min_lr_ratio, clock["time_frac"])
+    )
     objective = build_objective(cfg.head)  # the head family's features and loss (EAGLE-3 TTT | MLP per-head CE)
     if accelerator.state.deepspeed_plugin is not None:
         # DeepSpeed steps inside backward, so it cannot see our micro-batch groups; batches are token-bucketed,
@@ -211,9 +228,20 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
             full = accelerator.get_state_dict(model)
             weights = {k: full["head." + k] for k in weights} if accelerator.is_main_process else {}
         if accelerator.is_main_process:
-            save_run_state(run_dir, pos, weights, objective.family, raw.config.to_dict(), metrics, optimizer,
-                           scheduler, world * accum, time.time() - start, OmegaConf.to_container(cfg, resolve=True),
-                           cfg.keep_checkpoints)
+            save_run_state(
+                run_dir,
+                pos,
+                weights,
+                objective.family,
+                raw.config.to_dict(),
+                metrics,
+                optimizer,
+                scheduler,
+                world * accum,
+                time.time() - start,
+                OmegaConf.to_container(cfg, resolve=True),
+                cfg.keep_checkpoints,
+            )
 
     def log(record: dict) -> None:
         if accelerator.is_main_process:
@@ -224,17 +252,25 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
 
     start, metrics, last_eval = time.time() - pos.elapsed_s, {}, {}
     deadline = start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
-    bar = tqdm(total=total, initial=pos.step, desc="train", unit="step", disable=not accelerator.is_main_process,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=total,
+        initial=pos.step,
+        desc="train",
+        unit="step",
+        disable=not accelerator.is_main_process,
+        dynamic_ncols=True,
+    )
     model.train()
     done, interrupted, first_step = pos.step >= total, False, pos.step
     with bar, StopOnInterrupt() as stop:  # the bar closes (ends its line) before any error prints
         while not done:
             batches = epoch_batches(data, cfg, pos.epoch, rank, world)
             while pos.cursor < len(batches) // accum and not done:
-                micro = batches[pos.cursor * accum:(pos.cursor + 1) * accum]
-                collated = [{k: v.to(device) for k, v in collate([data.train[i] for i in idx], target.pad_id).items()}
-                            for idx in micro]
+                micro = batches[pos.cursor * accum : (pos.cursor + 1) * accum]
+                collated = [
+                    {k: v.to(device) for k, v in collate([data.train[i] for i in idx], target.pad_id).items()}
+                    for idx in micro
+                ]
                 if cfg.data.supervise == "all":  # prompt rows too: the target's distribution is known everywhere
                     for b in collated:
                         b["loss_mask"] = b["attention_mask"].to(b["loss_mask"].dtype)
@@ -244,9 +280,11 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
                 figures = figures.reduce(accelerator, time.time() - start, stop.requested)
                 if not torch.isfinite(figures.loss):
                     ids = [data.train[i].conv_id for idx in micro for i in idx]
-                    raise NonFiniteLoss(f"loss is {figures.loss.item()} at step {pos.step} (epoch {pos.epoch}, batch "
-                                        f"{pos.cursor}, conversations on rank {rank}: {ids[:8]}); weights not updated, "
-                                        f"last good checkpoint kept in {run_dir}/checkpoints")
+                    raise NonFiniteLoss(
+                        f"loss is {figures.loss.item()} at step {pos.step} (epoch {pos.epoch}, batch "
+                        f"{pos.cursor}, conversations on rank {rank}: {ids[:8]}); weights not updated, "
+                        f"last good checkpoint kept in {run_dir}/checkpoints"
+                    )
                 grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.grad_clip)
                 optimizer.step()
                 elapsed = figures.clock_s / world  # the ranks' mean clock: identical on every rank
@@ -256,24 +294,42 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
                 scheduler.step()
                 pos.step, pos.cursor = pos.step + 1, pos.cursor + 1
                 pos.tokens += int(counts[-1])  # supervised tokens over all ranks
-                last_step = done = (pos.step >= total or (deadline is not None and start + elapsed >= deadline)
-                                    or (cfg.optim.max_tokens is not None and pos.tokens >= cfg.optim.max_tokens)
-                                    or interrupted)
+                last_step = done = (
+                    pos.step >= total
+                    or (deadline is not None and start + elapsed >= deadline)
+                    or (cfg.optim.max_tokens is not None and pos.tokens >= cfg.optim.max_tokens)
+                    or interrupted
+                )
                 if pos.step % cfg.log_every == 0 or last_step:
-                    metrics = {"step": pos.step, "epoch": pos.epoch, "tokens": pos.tokens, "loss": figures.loss.item(),
-                               "lr": scheduler.get_last_lr()[0], "grad_norm": None if grad_norm is None else float(grad_norm),
-                               "acc": [round(a.item(), 4) for a in figures.accs],
-                               "losses": [round(x.item(), 4) for x in figures.losses],
-                               "tok_per_s": pos.tokens / max(elapsed, 1e-9), "elapsed_s": elapsed,
-                               "target_tokens": features.computed_tokens}
-                    bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}",
-                                    tok_s=f"{metrics['tok_per_s']:.0f}")
+                    metrics = {
+                        "step": pos.step,
+                        "epoch": pos.epoch,
+                        "tokens": pos.tokens,
+                        "loss": figures.loss.item(),
+                        "lr": scheduler.get_last_lr()[0],
+                        "grad_norm": None if grad_norm is None else float(grad_norm),
+                        "acc": [round(a.item(), 4) for a in figures.accs],
+                        "losses": [round(x.item(), 4) for x in figures.losses],
+                        "tok_per_s": pos.tokens / max(elapsed, 1e-9),
+                        "elapsed_s": elapsed,
+                        "target_tokens": features.computed_tokens,
+                    }
+                    bar.set_postfix(
+                        loss=f"{metrics['loss']:.3f}",
+                        acc0=f"{metrics['acc'][0]:.3f}",
+                        tok_s=f"{metrics['tok_per_s']:.0f}",
+                    )
                     log(metrics)
                 if (cfg.eval_every and pos.step % cfg.eval_every == 0) or (last_step and not interrupted):
-                    last_eval = evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast) if data.heldout else {}
-                    print0(accelerator, f"\n[eval step {pos.step}] acc per step "
-                                        f"{[round(a, 3) for a in last_eval.get('eval/acc', [])]}, simulated accept "
-                                        f"length {last_eval.get('eval/sim_accept_len', 0):.3f}")
+                    last_eval = (
+                        evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast) if data.heldout else {}
+                    )
+                    print0(
+                        accelerator,
+                        f"\n[eval step {pos.step}] acc per step "
+                        f"{[round(a, 3) for a in last_eval.get('eval/acc', [])]}, simulated accept "
+                        f"length {last_eval.get('eval/sim_accept_len', 0):.3f}",
+                    )
                     log({"step": pos.step, **last_eval})
                 if (cfg.save_every and pos.step % cfg.save_every == 0) or last_step:
                     save({**metrics, **last_eval})
@@ -285,6 +341,8 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
                 pos.epoch, pos.cursor = pos.epoch + 1, 0
     features.close()  # stream: stop the producer, empty its buffer
     if interrupted:
-        raise Interrupted(f"interrupted (Ctrl-C) at step {pos.step}: checkpoint saved in {run_dir}/checkpoints; "
-                          f"continue exactly from it with resume=auto (same command).")
+        raise Interrupted(
+            f"interrupted (Ctrl-C) at step {pos.step}: checkpoint saved in {run_dir}/checkpoints; "
+            f"continue exactly from it with resume=auto (same command)."
+        )
     return {**metrics, **last_eval}

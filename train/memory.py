@@ -54,11 +54,18 @@ def target_config(cfg):
     if (path / "config.json").is_file():
         return AutoConfig.from_pretrained(path)
     if not cfg.get("arch"):
-        raise ConfigError(f"dry run: no local config.json for target {cfg.name_or_path!r} and no target.arch in the "
-                         f"preset; add the architecture numbers to conf/target/*.yaml (see llama3_8b.yaml)")
+        raise ConfigError(
+            f"dry run: no local config.json for target {cfg.name_or_path!r} and no target.arch in the "
+            f"preset; add the architecture numbers to conf/target/*.yaml (see llama3_8b.yaml)"
+        )
     arch = dict(cfg.arch)
-    return AutoConfig.for_model(arch.pop("model_type"), hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-                                num_hidden_layers=cfg.num_hidden_layers, **arch)
+    return AutoConfig.for_model(
+        arch.pop("model_type"),
+        hidden_size=cfg.hidden_size,
+        vocab_size=cfg.vocab_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        **arch,
+    )
 
 
 def count_shapes(cfg) -> Shapes:
@@ -75,13 +82,23 @@ def count_shapes(cfg) -> Shapes:
         if cfg.head.family == "eagle3":
             from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 
-            head = Eagle3Head(Eagle3Config.from_target(tc, cfg.head.draft_vocab_size, aux, ttt_steps=cfg.head.ttt_steps,
-                                                       intermediate_size=cfg.head.intermediate_size))
+            head = Eagle3Head(
+                Eagle3Config.from_target(
+                    tc,
+                    cfg.head.draft_vocab_size,
+                    aux,
+                    ttt_steps=cfg.head.ttt_steps,
+                    intermediate_size=cfg.head.intermediate_size,
+                )
+            )
         else:
             from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 
-            head = MLPSpeculator(MLPSpeculatorConfig.from_target(tc, inner_dim=cfg.head.inner_dim, n_predict=cfg.head.n_predict,
-                                                                 tie_weights=cfg.head.tie_weights))
+            head = MLPSpeculator(
+                MLPSpeculatorConfig.from_target(
+                    tc, inner_dim=cfg.head.inner_dim, n_predict=cfg.head.n_predict, tie_weights=cfg.head.tie_weights
+                )
+            )
     unique = {id(p): p for p in head.parameters()}.values()  # tied stages share parameters
     trainable = sum(p.numel() for p in unique if p.requires_grad)
     frozen = sum(p.numel() for p in unique if not p.requires_grad)
@@ -141,8 +158,15 @@ def estimate(cfg, processes: int) -> dict:
             **acts,
         }
         rows[name] = {k: v / GiB for k, v in parts.items()} | {"total": sum(parts.values()) / GiB}
-    return {"processes": processes, "batch": batch_shape(cfg), "target_params": s.target_params, "target_dtype": tdtype,
-            "head_trainable_params": s.head_trainable, "head_frozen_params": s.head_frozen, "layouts": rows}
+    return {
+        "processes": processes,
+        "batch": batch_shape(cfg),
+        "target_params": s.target_params,
+        "target_dtype": tdtype,
+        "head_trainable_params": s.head_trainable,
+        "head_frozen_params": s.head_frozen,
+        "layouts": rows,
+    }
 
 
 def report(cfg, processes: int) -> str:
@@ -150,11 +174,15 @@ def report(cfg, processes: int) -> str:
     e = estimate(cfg, processes)
     B, T = e["batch"]
     cols = list(next(iter(e["layouts"].values())))
-    lines = [f"dry run: {cfg.target.name_or_path} ({e['target_params'] / 1e9:.2f}B params, {e['target_dtype']}) + "
-             f"{cfg.head.family} head ({e['head_trainable_params'] / 1e6:.1f}M trainable, "
-             f"{e['head_frozen_params'] / 1e6:.1f}M frozen); micro-batch {B} x {T} tokens; {processes} processes",
-             "GiB per rank (activations: upper-bound estimate)", "",
-             "| layout | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    lines = [
+        f"dry run: {cfg.target.name_or_path} ({e['target_params'] / 1e9:.2f}B params, {e['target_dtype']}) + "
+        f"{cfg.head.family} head ({e['head_trainable_params'] / 1e6:.1f}M trainable, "
+        f"{e['head_frozen_params'] / 1e6:.1f}M frozen); micro-batch {B} x {T} tokens; {processes} processes",
+        "GiB per rank (activations: upper-bound estimate)",
+        "",
+        "| layout | " + " | ".join(cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
     for name, row in e["layouts"].items():
         lines.append(f"| {name} | " + " | ".join(f"{row[c]:.1f}" for c in cols) + " |")
     return "\n".join(lines)

@@ -32,8 +32,15 @@ class PerHeadOutput:
     rows: torch.Tensor  # number of head-0 supervised rows
 
 
-def per_head_loss(head, last: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, weights: list[float],
-                  target_top: torch.Tensor | None = None, denoms: torch.Tensor | None = None) -> PerHeadOutput:
+def per_head_loss(
+    head,
+    last: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    weights: list[float],
+    target_top: torch.Tensor | None = None,
+    denoms: torch.Tensor | None = None,
+) -> PerHeadOutput:
     """Teacher-forced MLP speculator loss. Row t holds the target's final hidden state at position t.
 
     Head i at row t reads token x_{t+1+i} (x_{t+1} is the target's own next token at serving time, then

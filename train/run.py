@@ -1,10 +1,10 @@
 """Train a draft head with Hydra + accelerate.
 
-    draftsmith train conf=eagle3_smollm2                                 # from any directory
-    accelerate launch train/run.py conf=eagle3_smollm2
-    accelerate launch train/run.py conf=eagle3_llama8b head.ttt_steps=3 data.max_length=1024
-    python train/run.py conf=eagle3_smollm2 optim.max_minutes=5 resume=auto
-    python train/run.py conf=eagle3_llama8b dry_run=true dry_run_processes=8   # per-rank memory, no weights
+draftsmith train conf=eagle3_smollm2                                 # from any directory
+accelerate launch train/run.py conf=eagle3_smollm2
+accelerate launch train/run.py conf=eagle3_llama8b head.ttt_steps=3 data.max_length=1024
+python train/run.py conf=eagle3_smollm2 optim.max_minutes=5 resume=auto
+python train/run.py conf=eagle3_llama8b dry_run=true dry_run_processes=8   # per-rank memory, no weights
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ def main(cfg: DictConfig) -> dict:
 def run(cfg: DictConfig) -> dict:
     import torch
     from accelerate import Accelerator
-    from transformers import AutoTokenizer
 
     from draftsmith.train.build import build_head, build_run, fast_bf16
     from draftsmith.train.checkpoint import prepare_run_dir
@@ -82,8 +81,9 @@ def run(cfg: DictConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(sys.argv)}\n")
     save_config()
-    target, tokenizer, data, vocab = build_run(cfg, accelerator.device, run_dir if accelerator.is_main_process else None,
-                                               log=log)
+    target, tokenizer, data, vocab = build_run(
+        cfg, accelerator.device, run_dir if accelerator.is_main_process else None, log=log
+    )
     if cfg.data.features == "offline" and not cfg.data.get("features_dir"):
         from draftsmith.train.features.sources import ensure_offline_features
 
@@ -96,8 +96,13 @@ def run(cfg: DictConfig) -> dict:
     if accelerator.is_main_process and cfg.wandb.get("mode", "disabled") != "disabled":
         import wandb
 
-        tracker = wandb.init(project=cfg.wandb.get("project", "draftsmith"), name=cfg.run_name, dir=str(run_dir),
-                             mode=cfg.wandb["mode"], config=OmegaConf.to_container(cfg, resolve=True))
+        tracker = wandb.init(
+            project=cfg.wandb.get("project", "draftsmith"),
+            name=cfg.run_name,
+            dir=str(run_dir),
+            mode=cfg.wandb["mode"],
+            config=OmegaConf.to_container(cfg, resolve=True),
+        )
     result = train(cfg, head, target, data, accelerator, tracker)
     if tracker:
         tracker.finish()

@@ -70,8 +70,13 @@ class Target(nn.Module):
         return self.model.model.layers[idx]
 
     @torch.no_grad()
-    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                 vocab_ids: torch.Tensor | None = None, full_top: bool = False) -> Features:
+    def features(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        vocab_ids: torch.Tensor | None = None,
+        full_top: bool = False,
+    ) -> Features:
         """One no-grad forward pass. input_ids: [B, T].
 
         Args:
@@ -79,8 +84,9 @@ class Target(nn.Module):
                 over the full vocab is the target's most expensive matmul at small H, and the loss needs only these.
             full_top: also return the argmax over the full vocab (exact accuracy when the draft vocab misses tokens).
         """
-        out = self.model.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                               use_cache=False)
+        out = self.model.model(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
+        )
         hs = out.hidden_states  # n+1 tensors [B, T, H]; hs[k] = residual stream entering layer k (vLLM's id k)
         aux = torch.cat([hs[k] for k in self.aux_layer_ids], dim=-1)  # [B, T, 3H]
         last = out.last_hidden_state  # [B, T, H] post final norm

@@ -6,8 +6,20 @@ from draftsmith.train.data.render import Sample, render, render_prompt
 from draftsmith.train.data.vocab import DraftVocab, build_draft_vocab, count_supervised, coverage_report
 
 __all__ = [
-    "Conversation", "DataError", "ReadStats", "read_conversations", "split_heldout",
-    "Sample", "render", "render_prompt",
-    "DraftVocab", "build_draft_vocab", "count_supervised", "coverage_report",
-    "PreparedData", "prepare_data", "make_batches", "collate",
+    "Conversation",
+    "DataError",
+    "ReadStats",
+    "read_conversations",
+    "split_heldout",
+    "Sample",
+    "render",
+    "render_prompt",
+    "DraftVocab",
+    "build_draft_vocab",
+    "count_supervised",
+    "coverage_report",
+    "PreparedData",
+    "prepare_data",
+    "make_batches",
+    "collate",
 ]

@@ -17,12 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from draftsmith.errors import DraftsmithError
 from tqdm.auto import tqdm
 
+from draftsmith.errors import DraftsmithError
+
 ROLE_MAP = {
-    "human": "user", "user": "user",
-    "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
     "assistant": "assistant",
     "system": "system",
 }
@@ -208,12 +213,12 @@ class _ArrayText:
         raw = self.f.read(CHUNK_CHARS)
         self.bar.update(len(raw))
         if self.pos > CHUNK_CHARS:  # drop consumed text so the buffer stays about one record long
-            dropped = self.buf[:self.pos]
+            dropped = self.buf[: self.pos]
             nl = dropped.rfind("\n")
             self.lines += dropped.count("\n")
             self.col0 = len(dropped) - nl - 1 if nl >= 0 else self.col0 + len(dropped)
             self.base += self.pos
-            self.buf, self.pos = self.buf[self.pos:], 0
+            self.buf, self.pos = self.buf[self.pos :], 0
         self.buf += self.utf8.decode(raw, final=not raw)
         self.eof = not raw
         return bool(raw)
@@ -277,15 +282,19 @@ def _decode_record(s: _ArrayText, decoder: json.JSONDecoder, where: str) -> tupl
             incomplete = e.msg.startswith("Unterminated string") or e.pos >= len(s.buf) - 16
             if incomplete and not s.eof:
                 if len(s.buf) - s.pos > MAX_RECORD_CHARS:
-                    raise DataError(f"{where}: record longer than {MAX_RECORD_CHARS} characters without closing "
-                                    f"(it starts at {s.where(s.pos)})") from None
+                    raise DataError(
+                        f"{where}: record longer than {MAX_RECORD_CHARS} characters without closing "
+                        f"(it starts at {s.where(s.pos)})"
+                    ) from None
                 s.more()
                 continue  # retried with the whole file once at its end
-            if s.eof and not _record_closes(s.buf[s.pos:]):
+            if s.eof and not _record_closes(s.buf[s.pos :]):
                 return False, None  # cut off: the file ends before the record closes
-            raise DataError(f"{where}: malformed JSON at {s.where(e.pos)} (character {s.base + e.pos}): {e.msg}. "
-                            "The text goes on after it, so this is a syntax error, not a cut-off file: fix or "
-                            "delete that record and run again") from None
+            raise DataError(
+                f"{where}: malformed JSON at {s.where(e.pos)} (character {s.base + e.pos}): {e.msg}. "
+                "The text goes on after it, so this is a syntax error, not a cut-off file: fix or "
+                "delete that record and run again"
+            ) from None
 
 
 def _iter_json_array(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
@@ -295,8 +304,10 @@ def _iter_json_array(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
     with more text after it is fatal, naming the record, line and column.
     """
     decoder = json.JSONDecoder()
-    with open(p, "rb") as f, tqdm(total=p.stat().st_size, unit="B", unit_scale=True, desc=f"read {p.name}",
-                                  leave=False) as bar:
+    with (
+        open(p, "rb") as f,
+        tqdm(total=p.stat().st_size, unit="B", unit_scale=True, desc=f"read {p.name}", leave=False) as bar,
+    ):
         s = _ArrayText(f, bar)
         if not s.skip_ws() or s.buf[s.pos] != "[":
             raise DataError(f"{p}: expected a JSON array ('[') at the start of the file")
@@ -309,17 +320,21 @@ def _iter_json_array(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
                 return
             if index:
                 if s.buf[s.pos] != ",":
-                    raise DataError(f"{p}:record {index}: malformed JSON at {s.where(s.pos)} (character "
-                                    f"{s.base + s.pos}): expected ',' or ']' after record {index - 1}, found "
-                                    f"{s.buf[s.pos]!r}; fix the file there and run again")
+                    raise DataError(
+                        f"{p}:record {index}: malformed JSON at {s.where(s.pos)} (character "
+                        f"{s.base + s.pos}): expected ',' or ']' after record {index - 1}, found "
+                        f"{s.buf[s.pos]!r}; fix the file there and run again"
+                    )
                 s.pos += 1
                 if not s.skip_ws():
                     break
             complete, obj = _decode_record(s, decoder, f"{p}:record {index}")
             if not complete:
                 stats.truncated = True
-                warnings.warn(f"{p}: the file ended mid-record (record {index}); "
-                              f"kept the {index} complete records before it", stacklevel=3)
+                warnings.warn(
+                    f"{p}: the file ended mid-record (record {index}); kept the {index} complete records before it",
+                    stacklevel=3,
+                )
                 return
             yield obj, f"{p}:record {index}"
             index += 1
@@ -329,8 +344,10 @@ def _iter_json_array(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
 
 def _iter_jsonl(p: Path, stats: ReadStats) -> Iterator[tuple[Any, str]]:
     """Records of a JSON-lines file; undecodable or malformed lines are counted and skipped."""
-    with open(p, "rb") as f, tqdm(total=p.stat().st_size, unit="B", unit_scale=True,
-                                  desc=f"read {p.name}", leave=False) as bar:
+    with (
+        open(p, "rb") as f,
+        tqdm(total=p.stat().st_size, unit="B", unit_scale=True, desc=f"read {p.name}", leave=False) as bar,
+    ):
         for lineno, raw in enumerate(f, start=1):
             bar.update(len(raw))
             where = f"{p}:line {lineno}"

@@ -24,7 +24,14 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.errors import ConfigError
-from draftsmith.train.data.conversations import Conversation, DataError, ReadStats, read_conversations, resolve_path, split_heldout
+from draftsmith.train.data.conversations import (
+    Conversation,
+    DataError,
+    ReadStats,
+    read_conversations,
+    resolve_path,
+    split_heldout,
+)
 from draftsmith.train.data.render import Sample, render_many, truncate
 from draftsmith.train.data.vocab import count_supervised
 
@@ -50,7 +57,10 @@ def _source_fingerprint(path: str) -> dict:
     p = p.resolve()
     if p.is_dir():  # a save_to_disk directory: its files' sizes and times
         files = sorted(f for f in p.rglob("*") if f.is_file())
-        return {"source": str(p), "files": [(str(f.relative_to(p)), f.stat().st_size, f.stat().st_mtime_ns) for f in files]}
+        return {
+            "source": str(p),
+            "files": [(str(f.relative_to(p)), f.stat().st_size, f.stat().st_mtime_ns) for f in files],
+        }
     st = p.stat()
     return {"source": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
@@ -87,7 +97,7 @@ def _unpack(packed: dict) -> list[Sample]:
     ids, mask = packed["input_ids"].tolist(), packed["loss_mask"].to(torch.uint8).tolist()
     out, start = [], 0
     for n, cid in zip(packed["lengths"].tolist(), packed["conv_ids"]):
-        out.append(Sample(input_ids=ids[start:start + n], loss_mask=mask[start:start + n], conv_id=cid))
+        out.append(Sample(input_ids=ids[start : start + n], loss_mask=mask[start : start + n], conv_id=cid))
         start += n
     return out
 
@@ -137,8 +147,10 @@ def heldout_prompt(conv: Conversation) -> dict:
 
 def _build(cfg, tokenizer) -> PreparedData:
     if cfg.heldout < 0 or cfg.max_length <= 0 or (cfg.num_conversations is not None and cfg.num_conversations < 0):
-        raise ConfigError(f"bad data config: heldout={cfg.heldout}, max_length={cfg.max_length}, "
-                         f"num_conversations={cfg.num_conversations}")
+        raise ConfigError(
+            f"bad data config: heldout={cfg.heldout}, max_length={cfg.max_length}, "
+            f"num_conversations={cfg.num_conversations}"
+        )
     window = max(HELDOUT_WINDOW, cfg.heldout)
     limit = None if cfg.num_conversations is None else max(cfg.num_conversations + cfg.heldout, window)
     read = ReadStats()
@@ -151,10 +163,20 @@ def _build(cfg, tokenizer) -> PreparedData:
     if cfg.num_conversations is not None:
         train_convs = train_convs[: cfg.num_conversations]
     if not train_convs:
-        raise DataError(f"{cfg.path}: no training conversations left ({read.kept} kept, {len(held)} held out)\n"
-                        + read.summary())
-    tallies = {name: {"render_errors": 0, "no_supervised_tokens": 0, "no_supervised_after_truncation": 0,
-                      "truncated": 0, "tokens_before_truncation": 0, "examples": []} for name in ("train", "heldout")}
+        raise DataError(
+            f"{cfg.path}: no training conversations left ({read.kept} kept, {len(held)} held out)\n" + read.summary()
+        )
+    tallies = {
+        name: {
+            "render_errors": 0,
+            "no_supervised_tokens": 0,
+            "no_supervised_after_truncation": 0,
+            "truncated": 0,
+            "tokens_before_truncation": 0,
+            "examples": [],
+        }
+        for name in ("train", "heldout")
+    }
     train = _render_all(tokenizer, train_convs, cfg.max_length, "render train", tallies["train"])
     heldout = _render_all(tokenizer, held, cfg.max_length, "render held-out", tallies["heldout"])
     if not train:
@@ -178,8 +200,9 @@ def _build(cfg, tokenizer) -> PreparedData:
         "heldout_tokens": sum(len(s.input_ids) for s in heldout),
         "render": tallies,
     }
-    return PreparedData(train=train, heldout=heldout, heldout_prompts=[heldout_prompt(c) for c in held],
-                        counts=counts, stats=stats)
+    return PreparedData(
+        train=train, heldout=heldout, heldout_prompts=[heldout_prompt(c) for c in held], counts=counts, stats=stats
+    )
 
 
 def prepare_data(cfg, tokenizer, cache_dir: Path | None) -> PreparedData:
@@ -191,15 +214,28 @@ def prepare_data(cfg, tokenizer, cache_dir: Path | None) -> PreparedData:
         if path.exists():
             try:
                 blob = torch.load(path, weights_only=True)
-                return PreparedData(train=_unpack(blob["train"]), heldout=_unpack(blob["heldout"]),
-                                    heldout_prompts=blob["heldout_prompts"], counts=blob["counts"],
-                                    stats={**blob["stats"], "cache": str(path), "cache_hit": True})
+                return PreparedData(
+                    train=_unpack(blob["train"]),
+                    heldout=_unpack(blob["heldout"]),
+                    heldout_prompts=blob["heldout_prompts"],
+                    counts=blob["counts"],
+                    stats={**blob["stats"], "cache": str(path), "cache_hit": True},
+                )
             except Exception as e:  # a damaged cache is rebuilt, not trusted
-                warnings.warn(f"{path}: unreadable data cache ({type(e).__name__}: {e}); rebuilding")
+                warnings.warn(f"{path}: unreadable data cache ({type(e).__name__}: {e}); rebuilding", stacklevel=2)
     data = _build(cfg, tokenizer)
     if path is not None:
-        _save_atomic({"code_version": CODE_VERSION, "train": _pack(data.train), "heldout": _pack(data.heldout),
-                      "heldout_prompts": data.heldout_prompts, "counts": data.counts, "stats": data.stats}, path)
+        _save_atomic(
+            {
+                "code_version": CODE_VERSION,
+                "train": _pack(data.train),
+                "heldout": _pack(data.heldout),
+                "heldout_prompts": data.heldout_prompts,
+                "counts": data.counts,
+                "stats": data.stats,
+            },
+            path,
+        )
         data.stats.update(cache=str(path), cache_hit=False)
     return data
 
@@ -219,14 +255,17 @@ def epoch_batches(data, cfg, epoch: int, rank: int, world: int) -> list[list[int
 
 
 def make_batches(lengths: list[int], max_tokens: int, max_batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """Length-bucketed batches of indices, each with len(batch) * longest <= max_tokens; deterministic per (seed, epoch)."""
+    """Length-bucketed batches of indices, each with len(batch) * longest <= max_tokens; deterministic per
+    (seed, epoch)."""
     if max_tokens <= 0 or max_batch_size <= 0:
         raise ValueError(f"max_tokens and max_batch_size must be > 0, got {max_tokens}, {max_batch_size}")
     too_long = [(i, n) for i, n in enumerate(lengths) if n > max_tokens]
     if too_long:
         i, n = too_long[0]
-        raise ConfigError(f"{len(too_long)} samples are longer than max_tokens={max_tokens} (e.g. sample {i}: "
-                         f"{n} tokens); raise max_tokens_per_batch or lower max_length")
+        raise ConfigError(
+            f"{len(too_long)} samples are longer than max_tokens={max_tokens} (e.g. sample {i}: "
+            f"{n} tokens); raise max_tokens_per_batch or lower max_length"
+        )
     rng = random.Random(f"draftsmith-batches:{seed}:{epoch}")  # str seeds hash with sha512: stable across runs
     order = list(range(len(lengths)))
     rng.shuffle(order)
@@ -234,7 +273,7 @@ def make_batches(lengths: list[int], max_tokens: int, max_batch_size: int, seed:
     chunk = max_batch_size * 64
     batches: list[list[int]] = []
     for c in range(0, len(order), chunk):
-        part = sorted(order[c:c + chunk], key=lambda i: lengths[i])  # stable: ties keep the shuffled order
+        part = sorted(order[c : c + chunk], key=lambda i: lengths[i])  # stable: ties keep the shuffled order
         batch: list[int] = []
         longest = 0
         for i in part:

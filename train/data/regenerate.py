@@ -72,9 +72,20 @@ def _append(out: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def regenerate(target: str, data: str, out: str, num_conversations: int | None = None, max_tokens: int = 256,
-               temperature: float = 0.0, seed: int = 0, max_prompt_tokens: int = 1024, batch_size: int = 32,
-               backend: str = "auto", threads: int = 1, kv_cache_gib: int = 2) -> dict:
+def regenerate(
+    target: str,
+    data: str,
+    out: str,
+    num_conversations: int | None = None,
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    seed: int = 0,
+    max_prompt_tokens: int = 1024,
+    batch_size: int = 32,
+    backend: str = "auto",
+    threads: int = 1,
+    kv_cache_gib: int = 2,
+) -> dict:
     """Write (or finish writing) `out`; returns counts, generation speed and the ids of the prompts asked for."""
     from transformers import AutoTokenizer
 
@@ -83,15 +94,23 @@ def regenerate(target: str, data: str, out: str, num_conversations: int | None =
     target_path = resolve_target(target)
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    settings = {"target": str(target), "data": str(data), "max_tokens": max_tokens, "temperature": temperature,
-                "seed": seed, "max_prompt_tokens": max_prompt_tokens, "out": str(out_path)}
+    settings = {
+        "target": str(target),
+        "data": str(data),
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "max_prompt_tokens": max_prompt_tokens,
+        "out": str(out_path),
+    }
     meta_path = out_path.with_name(out_path.name + ".meta.json")
     if meta_path.is_file():
         old = json.loads(meta_path.read_text())
         diff = {k: (old.get(k), settings[k]) for k in SETTINGS if old.get(k) != settings[k]}
         if diff:
-            raise ConfigError(f"{out_path} was generated with other settings {diff} (old, new); "
-                             f"use another --out or delete it")
+            raise ConfigError(
+                f"{out_path} was generated with other settings {diff} (old, new); use another --out or delete it"
+            )
     else:
         meta_path.write_text(json.dumps(settings, indent=2))
     backend = resolve_backend(backend)
@@ -100,31 +119,64 @@ def regenerate(target: str, data: str, out: str, num_conversations: int | None =
     prompts, too_long = first_turns(data, num_conversations, tokenizer, max_prompt_tokens)
     done = load_done(out_path)
     todo = [p for p in prompts if p["id"] not in done]
-    print(f"regenerate: {len(prompts)} first turns from {data} ({too_long} prompts over {max_prompt_tokens} tokens "
-          f"skipped), {len(done)} already in {out_path}, {len(todo)} to go, backend {backend}", flush=True)
+    print(
+        f"regenerate: {len(prompts)} first turns from {data} ({too_long} prompts over {max_prompt_tokens} tokens "
+        f"skipped), {len(done)} already in {out_path}, {len(todo)} to go, backend {backend}",
+        flush=True,
+    )
     new_tokens, t0 = 0, time.perf_counter()
     if todo:
-        kw = {"threads": threads, "kv_cache_gib": kv_cache_gib, "log_path": str(out_path) + ".log"} if backend == "vllm" else {}
-        batches = iter_generate(target_path, [p["prompt_ids"] for p in todo], max_tokens, temperature, seed, backend,
-                                batch_size=batch_size, **kw)
+        kw = (
+            {"threads": threads, "kv_cache_gib": kv_cache_gib, "log_path": str(out_path) + ".log"}
+            if backend == "vllm"
+            else {}
+        )
+        batches = iter_generate(
+            target_path,
+            [p["prompt_ids"] for p in todo],
+            max_tokens,
+            temperature,
+            seed,
+            backend,
+            batch_size=batch_size,
+            **kw,
+        )
         bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True)
         for start, token_ids, finish in batches:
             records = []
-            for p, ids, why in zip(todo[start:start + len(token_ids)], token_ids, finish):
+            for p, ids, why in zip(todo[start : start + len(token_ids)], token_ids, finish):
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-                records.append({"id": p["id"], "messages": p["messages"] + [{"role": "assistant", "content": text}],
-                                "answer_tokens": len(ids), "finish_reason": why})
+                records.append(
+                    {
+                        "id": p["id"],
+                        "messages": p["messages"] + [{"role": "assistant", "content": text}],
+                        "answer_tokens": len(ids),
+                        "finish_reason": why,
+                    }
+                )
                 new_tokens += len(ids)
             _append(out_path, records)
             bar.update(len(records))
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.0f}")
         bar.close()
     seconds = time.perf_counter() - t0
-    stats = {"prompts": len(prompts), "too_long": too_long, "resumed_with": len(done), "generated": len(todo),
-             "new_tokens": new_tokens, "seconds": seconds, "tokens_per_s": new_tokens / seconds if todo else None,
-             "backend": backend, "out": str(out_path), "ids": [p["id"] for p in prompts]}
-    print(f"regenerate: {len(todo)} answers, {new_tokens} tokens in {seconds:.0f} s "
-          f"({stats['tokens_per_s'] or 0:.0f} tok/s) -> {out_path}", flush=True)
+    stats = {
+        "prompts": len(prompts),
+        "too_long": too_long,
+        "resumed_with": len(done),
+        "generated": len(todo),
+        "new_tokens": new_tokens,
+        "seconds": seconds,
+        "tokens_per_s": new_tokens / seconds if todo else None,
+        "backend": backend,
+        "out": str(out_path),
+        "ids": [p["id"] for p in prompts],
+    }
+    print(
+        f"regenerate: {len(todo)} answers, {new_tokens} tokens in {seconds:.0f} s "
+        f"({stats['tokens_per_s'] or 0:.0f} tok/s) -> {out_path}",
+        flush=True,
+    )
     return stats
 
 
@@ -142,8 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"])
     ap.add_argument("--threads", type=int, default=1, help="OMP threads of the vLLM engine")
     a = ap.parse_args(argv)
-    regenerate(a.target, a.data, a.out, a.num_conversations, a.max_tokens, a.temperature, a.seed,
-               a.max_prompt_tokens, a.batch_size, a.backend, a.threads)
+    regenerate(
+        a.target,
+        a.data,
+        a.out,
+        a.num_conversations,
+        a.max_tokens,
+        a.temperature,
+        a.seed,
+        a.max_prompt_tokens,
+        a.batch_size,
+        a.backend,
+        a.threads,
+    )
     return 0
 
 

@@ -71,7 +71,7 @@ def _turn_start(tokenizer, messages: list[dict], i: int, full: str, cursor: int)
     # The template renders history differently from a prompt (e.g. it strips old reasoning):
     # find the generation header itself after the previous turn instead.
     plain = chat_text(tokenizer, messages[:i])
-    header = gen[len(plain):] if gen.startswith(plain) else ""
+    header = gen[len(plain) :] if gen.startswith(plain) else ""
     j = full.find(header, cursor) if header else -1
     return j + len(header) if j >= 0 else cursor
 
@@ -121,7 +121,12 @@ def _mask(tokenizer, full: str, spans, ids: list[int], offsets) -> list[int]:
         # End of turn: the first run of special tokens in the turn's tail ([b, end)), e.g. <|im_end|>;
         # whitespace before it and text after it (the "\n" ChatML puts after <|im_end|>) stay unsupervised.
         k = t
-        while k < len(ids) and offsets[k][0] < end and ids[k] not in special and not full[offsets[k][0]:offsets[k][1]].strip():
+        while (
+            k < len(ids)
+            and offsets[k][0] < end
+            and ids[k] not in special
+            and not full[offsets[k][0] : offsets[k][1]].strip()
+        ):
             k += 1
         while k < len(ids) and offsets[k][0] < end and ids[k] in special:
             mask[k] = 1
@@ -142,9 +147,11 @@ def render(tokenizer, messages: list[dict], max_length: int, conv_id: str = "") 
     return truncate(Sample(input_ids=ids, loss_mask=mask, conv_id=conv_id), max_length)
 
 
-def render_many(tokenizer, convs: Iterable[tuple[str, list[dict]]], max_length: int,
-                batch_size: int = 64) -> Iterator[Sample | DataError | None]:
-    """`render` over (conv_id, messages) pairs in batches (one tokenizer call per batch uses every core); yields Sample, None or DataError."""
+def render_many(
+    tokenizer, convs: Iterable[tuple[str, list[dict]]], max_length: int, batch_size: int = 64
+) -> Iterator[Sample | DataError | None]:
+    """`render` over (conv_id, messages) pairs in batches (one tokenizer call per batch uses every core); yields
+    Sample, None or DataError."""
     if max_length <= 0:
         raise ValueError(f"max_length must be > 0, got {max_length}")
     it = iter(convs)

@@ -57,8 +57,9 @@ class DraftVocab:
         """Draft ids for target ids (same shape); -1 where a target id is not in the draft vocab."""
         ids = torch.as_tensor(target_ids, dtype=torch.long)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise ValueError(f"target ids must be in [0, {self.vocab_size}), got range "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
+            raise ValueError(
+                f"target ids must be in [0, {self.vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]"
+            )
         return self._target_to_draft[ids]
 
 
@@ -74,7 +75,9 @@ def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, pinned_ids: S
     """The `draft_vocab_size` most frequent ids (ties: lower id first), always including `pinned_ids`."""
     counts = torch.as_tensor(counts)
     if counts.dim() != 1 or counts.numel() == 0:
-        raise ValueError(f"counts must be a non-empty 1-D vector over the target vocab, got shape {tuple(counts.shape)}")
+        raise ValueError(
+            f"counts must be a non-empty 1-D vector over the target vocab, got shape {tuple(counts.shape)}"
+        )
     if (counts < 0).any():
         raise ValueError("counts must be non-negative")
     V = counts.numel()
@@ -98,6 +101,8 @@ def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, pinned_ids: S
     return _from_targets(chosen.nonzero().squeeze(1), V)
 
 
-def coverage_report(counts: torch.Tensor, sizes: Iterable[int], pinned_ids: Sequence[int] = ()) -> list[tuple[int, float]]:
+def coverage_report(
+    counts: torch.Tensor, sizes: Iterable[int], pinned_ids: Sequence[int] = ()
+) -> list[tuple[int, float]]:
     """[(draft_vocab_size, coverage)] for each size: how much of the counted mass each draft vocab keeps."""
     return [(int(n), build_draft_vocab(counts, int(n), pinned_ids).coverage(counts)) for n in sizes]

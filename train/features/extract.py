@@ -31,11 +31,33 @@ from tqdm.auto import tqdm
 from draftsmith.errors import ConfigError, handle_errors
 from draftsmith.train.build import build_run
 from draftsmith.train.config import compose_config, validate_config
-from draftsmith.train.features.shards import (COMPRESSIONS, DTYPE_NAMES, DTYPES, FAMILY_FIELDS, FORMAT, VERSION, ShardError,
-                                     atomic_write, atomic_write_json, fingerprint_differences, fingerprint_sha1,
-                                     fmt_size, fmt_size_up, forget_shards, load_manifest, missing_shards, orphan_files,
-                                     pack_shard, parse_size, part_path, run_fingerprint, shard_name, validate,
-                                     write_manifest)
+from draftsmith.train.features.shards import (
+    COMPRESSIONS,
+    DTYPE_NAMES,
+    DTYPES,
+    FAMILY_FIELDS,
+    FORMAT,
+    VERSION,
+    ShardError,
+    atomic_write,
+    atomic_write_json,
+    fingerprint_differences,
+    fingerprint_sha1,
+    fmt_size,
+    fmt_size_up,
+    forget_shards,
+    load_manifest,
+    missing_shards,
+    orphan_files,
+    pack_shard,
+    parse_size,
+    part_path,
+    run_fingerprint,
+    shard_name,
+    validate,
+    write_manifest,
+)
+
 
 @torch.no_grad()
 def feature_rows(target, samples, indices: list[int], fields, dtype: torch.dtype, pad_id: int, device) -> list[dict]:
@@ -49,8 +71,12 @@ def feature_rows(target, samples, indices: list[int], fields, dtype: torch.dtype
     rows = []
     for b, i in enumerate(indices):
         n = len(samples[i].input_ids)
-        row = {"index": i, "input_ids": samples[i].input_ids, "loss_mask": samples[i].loss_mask,
-               "conv_id": samples[i].conv_id}
+        row = {
+            "index": i,
+            "input_ids": samples[i].input_ids,
+            "loss_mask": samples[i].loss_mask,
+            "conv_id": samples[i].conv_id,
+        }
         for k in fields:
             row[k] = getattr(f, k)[b, :n].to("cpu", dtype)  # [n, D]
         rows.append(row)
@@ -81,12 +107,21 @@ def header_for(cfg, target, tokenizer, data, vocab, dtype: torch.dtype, compress
     fp = run_fingerprint(cfg, target, data.train, tokenizer)
     H = target.config.hidden_size
     d2t = vocab.d2t.cpu().numpy().tobytes() if vocab is not None else b""
-    return {"format": FORMAT, "version": VERSION, "family": family, "fields": list(FAMILY_FIELDS[family]),
-            "dtype": DTYPE_NAMES[dtype], "compression": compression, "hidden_size": H, "aux_dim": len(target.aux_layer_ids) * H,
-            "fingerprint": fp, "fingerprint_sha1": fingerprint_sha1(fp),
-            # informational: the stored features do not depend on the draft vocab (logits are rebuilt per run)
-            "draft_vocab": {"size": cfg.head.draft_vocab_size, "d2t_sha1": hashlib.sha1(d2t).hexdigest()},
-            "shards": []}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "family": family,
+        "fields": list(FAMILY_FIELDS[family]),
+        "dtype": DTYPE_NAMES[dtype],
+        "compression": compression,
+        "hidden_size": H,
+        "aux_dim": len(target.aux_layer_ids) * H,
+        "fingerprint": fp,
+        "fingerprint_sha1": fingerprint_sha1(fp),
+        # informational: the stored features do not depend on the draft vocab (logits are rebuilt per run)
+        "draft_vocab": {"size": cfg.head.draft_vocab_size, "d2t_sha1": hashlib.sha1(d2t).hexdigest()},
+        "shards": [],
+    }
 
 
 def shard_meta(header: dict) -> dict:
@@ -96,8 +131,15 @@ def shard_meta(header: dict) -> dict:
 
 def shard_record(name: str, rank: int, seq: int, rows: list[dict], tokens: int, blob: bytes) -> dict:
     """A shard's manifest entry."""
-    return {"name": name, "rank": rank, "seq": seq, "samples": [r["index"] for r in rows], "tokens": tokens,
-            "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    return {
+        "name": name,
+        "rank": rank,
+        "seq": seq,
+        "samples": [r["index"] for r in rows],
+        "tokens": tokens,
+        "bytes": len(blob),
+        "sha256": hashlib.sha256(blob).hexdigest(),
+    }
 
 
 def shard_cost(blob: bytes, record: dict) -> int:
@@ -116,8 +158,10 @@ def forget_missing(root: Path, log) -> None:
     replaced), so this extraction redoes their samples; the file of a wrong-sized one then goes as an orphan."""
     gone = missing_shards(root, load_manifest(root))
     if gone:
-        log(f"extract: {len(gone)} shard(s) the manifest lists are missing or of another size; extracting their "
-            f"samples again: " + "; ".join(list(gone.values())[:5]))
+        log(
+            f"extract: {len(gone)} shard(s) the manifest lists are missing or of another size; extracting their "
+            f"samples again: " + "; ".join(list(gone.values())[:5])
+        )
         forget_shards(root, gone)
 
 
@@ -129,8 +173,9 @@ def packed(rows: list[dict], rank: int, seq: int, dtype, fields, header: dict, c
     return blob, record, shard_cost(blob, record)
 
 
-def smallest_start(target, samples, index: int, fields, dtype, header, compression, device, rank: int, seq: int,
-                   per_token: float) -> int:
+def smallest_start(
+    target, samples, index: int, fields, dtype, header, compression, device, rank: int, seq: int, per_token: float
+) -> int:
     """Bytes of budget the smallest possible first shard (sample `index` alone) needs: its exact cost, or the
     pre-check's estimate where that is larger (a shard is written only when both fit)."""
     rows = feature_rows(target, samples, [index], fields, dtype, target.pad_id, device)
@@ -140,19 +185,22 @@ def smallest_start(target, samples, index: int, fields, dtype, header, compressi
     return max(exact + slack, estimate_cost(len(samples[index].input_ids), 1, per_token))
 
 
-def budget_too_small(max_disk, root: Path, dir0: int, need: int, world: int, todo_tokens: int, per_token: float,
-                     num_samples: int) -> str:
+def budget_too_small(
+    max_disk, root: Path, dir0: int, need: int, world: int, todo_tokens: int, per_token: float, num_samples: int
+) -> str:
     """The message when --max-disk stops extraction before a single sample is written."""
     smallest = dir0 + world * need  # each process gets an equal share of what the directory has left
     each = f" for each of the {world} processes" if world > 1 else ""
-    return (f"--max-disk {max_disk} ({parse_size(max_disk):,} bytes) is too small to write even one shard, so "
-            f"nothing was written (no new shard in {root}). The directory takes {dir0:,} bytes (its "
-            f"manifest and any earlier shards) and the smallest first shard (one sample, with its manifest entries) "
-            f"needs {need:,} bytes{each}: the smallest --max-disk that lets extraction start is "
-            f"{fmt_size_up(smallest)}; all {num_samples} samples need about "
-            f"{fmt_size_up(dir0 + math.ceil(todo_tokens * per_token))} (~{per_token:,.0f} bytes/token x "
-            f"{todo_tokens:,} tokens). Re-run the same command with a larger --max-disk, or train with "
-            "data.features=stream, which needs only a bounded buffer")
+    return (
+        f"--max-disk {max_disk} ({parse_size(max_disk):,} bytes) is too small to write even one shard, so "
+        f"nothing was written (no new shard in {root}). The directory takes {dir0:,} bytes (its "
+        f"manifest and any earlier shards) and the smallest first shard (one sample, with its manifest entries) "
+        f"needs {need:,} bytes{each}: the smallest --max-disk that lets extraction start is "
+        f"{fmt_size_up(smallest)}; all {num_samples} samples need about "
+        f"{fmt_size_up(dir0 + math.ceil(todo_tokens * per_token))} (~{per_token:,.0f} bytes/token x "
+        f"{todo_tokens:,} tokens). Re-run the same command with a larger --max-disk, or train with "
+        "data.features=stream, which needs only a bounded buffer"
+    )
 
 
 def check_compatible(existing: dict, header: dict, root: Path) -> None:
@@ -162,12 +210,22 @@ def check_compatible(existing: dict, header: dict, root: Path) -> None:
         if existing.get(k, "none") != header[k]:
             diffs.append(f"{k}: {existing.get(k, 'none')} there, {header[k]} now")
     if diffs:
-        raise ShardError(f"{root} holds features of another extraction; use a new --out or delete it:\n  "
-                         + "\n  ".join(diffs))
+        raise ShardError(
+            f"{root} holds features of another extraction; use a new --out or delete it:\n  " + "\n  ".join(diffs)
+        )
 
 
-def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log=print, inputs=None,
-            compression: str = "none", accelerator=None) -> dict:
+def extract(
+    cfg,
+    out,
+    max_disk=None,
+    dtype: str = "auto",
+    shard_size="256M",
+    log=print,
+    inputs=None,
+    compression: str = "none",
+    accelerator=None,
+) -> dict:
     """Extract (or finish extracting) the features of `cfg`'s training samples into `out`; returns a summary.
 
     Args:
@@ -187,8 +245,9 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
     if main:
         root.mkdir(parents=True, exist_ok=True)
     with state.main_process_first():  # rank 0 renders/caches the data, the others then read the cache
-        target, tokenizer, data, vocab = inputs or build_run(cfg, device, root if main else None,
-                                                                  log=log if main else (lambda *a: None))
+        target, tokenizer, data, vocab = inputs or build_run(
+            cfg, device, root if main else None, log=log if main else (lambda *a: None)
+        )
     target.to(device)
     store_dtype = next(target.model.parameters()).dtype if dtype == "auto" else DTYPES[dtype]
     header = header_for(cfg, target, tokenizer, data, vocab, store_dtype, compression)
@@ -217,15 +276,24 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
     part = {"rank": rank, "shards": mine, "stopped": None}
     dir0 = dir_bytes(root)
     share = None if budget is None else (budget - dir0) // world  # this rank's part of what is left
-    per_token = sum(manifest["aux_dim"] if f == "aux" else manifest["hidden_size"] for f in fields) * \
-        store_dtype.itemsize + 4 + 1  # features + int32 id + uint8 mask
+    per_token = (
+        sum(manifest["aux_dim"] if f == "aux" else manifest["hidden_size"] for f in fields) * store_dtype.itemsize
+        + 4
+        + 1
+    )  # features + int32 id + uint8 mask
     if manifest["covered_tokens"]:
         per_token = manifest["bytes"] / manifest["covered_tokens"]  # measured: includes headers
 
     todo = [i for i in range(len(samples)) if i % world == rank and i not in done]
     todo_tokens = sum(len(samples[i].input_ids) for i in todo)
-    bar = tqdm(total=todo_tokens, desc=f"extract (rank {rank}/{world})" if world > 1 else "extract", unit="tok",
-               unit_scale=True, disable=not main, dynamic_ncols=True)
+    bar = tqdm(
+        total=todo_tokens,
+        desc=f"extract (rank {rank}/{world})" if world > 1 else "extract",
+        unit="tok",
+        unit_scale=True,
+        disable=not main,
+        dynamic_ncols=True,
+    )
     used, new_tokens, new_samples, start, cpu0, pos = 0, 0, 0, time.time(), time.process_time(), 0
     max_tokens, max_batch = cfg.data.max_tokens_per_batch, cfg.data.max_batch_size
     while pos < len(todo):
@@ -240,9 +308,11 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
                 pos -= 1
                 tokens -= len(samples[chunk.pop()].input_ids)
             if not chunk:
-                part["stopped"] = (f"--max-disk {max_disk}: the next sample ({len(samples[todo[pos]].input_ids)} tokens, "
-                                   f"~{fmt_size(len(samples[todo[pos]].input_ids) * per_token)}) would take rank {rank} "
-                                   f"past its share {fmt_size(share)} of the budget (used {fmt_size(used)})")
+                part["stopped"] = (
+                    f"--max-disk {max_disk}: the next sample ({len(samples[todo[pos]].input_ids)} tokens, "
+                    f"~{fmt_size(len(samples[todo[pos]].input_ids) * per_token)}) would take rank {rank} "
+                    f"past its share {fmt_size(share)} of the budget (used {fmt_size(used)})"
+                )
                 break
         rows = []
         for group in forward_groups(samples, chunk, max_tokens, max_batch):
@@ -250,12 +320,14 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
         rows.sort(key=lambda r: r["index"])
         blob, record, cost = packed(rows, rank, seq, store_dtype, fields, header, compression)
         while share is not None and used + cost > share and len(rows) > 1:  # the estimate was low: fewer samples
-            rows = rows[:max(1, min(len(rows) - 1, int(len(rows) * (share - used) / cost)))]
+            rows = rows[: max(1, min(len(rows) - 1, int(len(rows) * (share - used) / cost)))]
             blob, record, cost = packed(rows, rank, seq, store_dtype, fields, header, compression)
         name = record["name"]
         if share is not None and used + cost > share:
-            part["stopped"] = (f"--max-disk {max_disk}: shard {name} ({fmt_size(len(blob))}) would take rank {rank} "
-                               f"past its share {fmt_size(share)} of the budget")
+            part["stopped"] = (
+                f"--max-disk {max_disk}: shard {name} ({fmt_size(len(blob))}) would take rank {rank} "
+                f"past its share {fmt_size(share)} of the budget"
+            )
             break
         pos -= len(chunk) - len(rows)  # samples dropped to fit go back to the queue (rows follow chunk's order)
         tokens = record["tokens"]
@@ -272,12 +344,15 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
     elapsed, cpu_s = time.time() - start, time.process_time() - cpu0
     need = 0  # when not one sample fit: what the smallest first shard would take, for the message
     if part["stopped"] and new_samples == 0:
-        need = smallest_start(target, samples, todo[0], fields, store_dtype, header, compression, device, rank, seq,
-                              per_token)
+        need = smallest_start(
+            target, samples, todo[0], fields, store_dtype, header, compression, device, rank, seq, per_token
+        )
     atomic_write_json(part_path(root, rank), part)
     if world > 1:
-        log(f"rank {rank}: {new_samples} samples, {new_tokens} tokens in {elapsed:.1f} s "
-            f"({new_tokens / max(elapsed, 1e-9):.0f} tok/s)")
+        log(
+            f"rank {rank}: {new_samples} samples, {new_tokens} tokens in {elapsed:.1f} s "
+            f"({new_tokens / max(elapsed, 1e-9):.0f} tok/s)"
+        )
     state.wait_for_everyone()
     final = load_manifest(root)
     if main:
@@ -293,42 +368,81 @@ def extract(cfg, out, max_disk=None, dtype: str = "auto", shard_size="256M", log
         totals, needs = totals.cpu(), needs.cpu()
     if final["stopped"] and int(totals[1]) == 0:  # every rank raises alike: none is left waiting
         # measured now: the manifest keeps this run's notes, so the next run starts from about this size
-        raise ConfigError(budget_too_small(max_disk, root, dir_bytes(root), int(needs[0]), world, int(totals[2]),
-                                           per_token, final["fingerprint"]["data"]["num_samples"]))
-    summary = {"dir": str(root), "new_tokens": int(totals[0]), "new_samples": int(totals[1]), "seconds": round(elapsed, 2),
-               "cpu_seconds": round(cpu_s, 2),  # this process's CPU time: a rate that other jobs on the cores do not skew
-               "tok_per_s": round(int(totals[0]) / max(elapsed, 1e-9), 1), "processes": world,
-               "covered_samples": final["covered_samples"], "num_samples": final["fingerprint"]["data"]["num_samples"],
-               "covered_tokens": final["covered_tokens"], "bytes": final["bytes"],
-               "bytes_per_token": round(final["bytes"] / max(1, final["covered_tokens"]), 1),
-               "complete": final["complete"], "stopped": final["stopped"]}
+        raise ConfigError(
+            budget_too_small(
+                max_disk,
+                root,
+                dir_bytes(root),
+                int(needs[0]),
+                world,
+                int(totals[2]),
+                per_token,
+                final["fingerprint"]["data"]["num_samples"],
+            )
+        )
+    summary = {
+        "dir": str(root),
+        "new_tokens": int(totals[0]),
+        "new_samples": int(totals[1]),
+        "seconds": round(elapsed, 2),
+        "cpu_seconds": round(cpu_s, 2),  # this process's CPU time: a rate that other jobs on the cores do not skew
+        "tok_per_s": round(int(totals[0]) / max(elapsed, 1e-9), 1),
+        "processes": world,
+        "covered_samples": final["covered_samples"],
+        "num_samples": final["fingerprint"]["data"]["num_samples"],
+        "covered_tokens": final["covered_tokens"],
+        "bytes": final["bytes"],
+        "bytes_per_token": round(final["bytes"] / max(1, final["covered_tokens"]), 1),
+        "complete": final["complete"],
+        "stopped": final["stopped"],
+    }
     if main:
-        log(f"extract: {summary['new_samples']} samples / {summary['new_tokens']} tokens in {elapsed:.1f} s = "
+        log(
+            f"extract: {summary['new_samples']} samples / {summary['new_tokens']} tokens in {elapsed:.1f} s = "
             f"{summary['tok_per_s']:.0f} tok/s ({world} process{'es' if world > 1 else ''}); {root} covers "
             f"{summary['covered_samples']}/{summary['num_samples']} samples, {summary['covered_tokens']} tokens, "
-            f"{fmt_size(summary['bytes'])} ({summary['bytes_per_token']:.0f} bytes/token, {header['dtype']})")
+            f"{fmt_size(summary['bytes'])} ({summary['bytes_per_token']:.0f} bytes/token, {header['dtype']})"
+        )
         if final["stopped"]:
-            log("extract: stopped before exceeding the disk budget: " + "; ".join(final["stopped"].values())
+            log(
+                "extract: stopped before exceeding the disk budget: "
+                + "; ".join(final["stopped"].values())
                 + f"\n  the manifest records the {summary['covered_samples']} covered samples; re-run with a larger "
-                  "--max-disk to continue, or train with data.features=stream")
+                "--max-disk to continue, or train with data.features=stream"
+            )
     return summary
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="draftsmith extract", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("overrides", nargs="*", help="training config overrides, as for train/run.py (conf=NAME key=value ...)")
+    p = argparse.ArgumentParser(
+        prog="draftsmith extract", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="training config overrides, as for train/run.py (conf=NAME key=value ...)"
+    )
     p.add_argument("--out", default=None, help="features directory (default: data.features_dir)")
     p.add_argument("--max-disk", default=None, help="disk budget for the directory, e.g. 20G or 500M (binary units)")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                   help="storage dtype of the hidden states (auto = the target's, lossless)")
-    p.add_argument("--compress", default="none", choices=list(COMPRESSIONS),
-                   help="zlib: feature bytes grouped by significance, then zlib (bf16 SmolLM2 states: ~0.74 of the size; "
-                        "costs CPU on write and read)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="storage dtype of the hidden states (auto = the target's, lossless)",
+    )
+    p.add_argument(
+        "--compress",
+        default="none",
+        choices=list(COMPRESSIONS),
+        help="zlib: feature bytes grouped by significance, then zlib (bf16 SmolLM2 states: ~0.74 of the size; "
+        "costs CPU on write and read)",
+    )
     p.add_argument("--shard-size", default="256M", help="target size of one shard file (default 256M)")
-    p.add_argument("--validate", metavar="DIR", default=None,
-                   help="check DIR's shards (checksum, shapes, sample ids, fingerprint); with overrides, also "
-                        "against that run's target and data")
+    p.add_argument(
+        "--validate",
+        metavar="DIR",
+        default=None,
+        help="check DIR's shards (checksum, shapes, sample ids, fingerprint); with overrides, also "
+        "against that run's target and data",
+    )
     args = p.parse_args(argv)
     # a budget too small to start (exit 2), a bad directory (exit 1): one paragraph. A budget that stops the run
     # part way exits 0: what was written is kept and the same command with a larger budget carries on.
@@ -359,8 +473,10 @@ def run_validate(root: str, overrides: list[str]) -> int:
         print(f"note: {n}")
     for pr in problems:
         print(f"BAD: {pr}")
-    print(f"{root}: {len(manifest['shards'])} shards, {manifest['covered_samples']}/"
-          f"{manifest['fingerprint']['data']['num_samples']} samples, {manifest['covered_tokens']} tokens, "
-          f"{fmt_size(manifest['bytes'])}, {manifest['family']} {manifest['dtype']}: "
-          + ("OK" if not problems else f"{len(problems)} problem(s)"))
+    print(
+        f"{root}: {len(manifest['shards'])} shards, {manifest['covered_samples']}/"
+        f"{manifest['fingerprint']['data']['num_samples']} samples, {manifest['covered_tokens']} tokens, "
+        f"{fmt_size(manifest['bytes'])}, {manifest['family']} {manifest['dtype']}: "
+        + ("OK" if not problems else f"{len(problems)} problem(s)")
+    )
     return 1 if problems else 0

@@ -1,4 +1,4 @@
-"""Target features on disk: safetensors shards plus a JSON manifest (`draftsmith extract`, data.features=offline|stream).
+"""Target features on disk: safetensors shards plus a JSON manifest (`draftsmith extract`, offline|stream).
 
     DIR/manifest.json                      header (family, dtype, fingerprint) + every finished shard, merged
     DIR/parts/rank-00000.json              one rank's finished shards, rewritten atomically after each shard
@@ -42,8 +42,22 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 SHARD_RE = re.compile(r"^shard-r(\d{5})-(\d{6})\.safetensors$")
 HASH_CHUNK = 8 << 20  # sha256 reads: big enough to run at the hash's speed, small next to a shard
-UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
-         "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
+UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 2**10,
+    "KB": 2**10,
+    "KIB": 2**10,
+    "M": 2**20,
+    "MB": 2**20,
+    "MIB": 2**20,
+    "G": 2**30,
+    "GB": 2**30,
+    "GIB": 2**30,
+    "T": 2**40,
+    "TB": 2**40,
+    "TIB": 2**40,
+}
 
 
 class ShardError(DraftsmithError, ValueError):
@@ -129,9 +143,12 @@ def target_fingerprint(target) -> dict:
         h.update(f"{name}:{tuple(p.shape)}".encode())
         h.update(ends.view(torch.int16).numpy().tobytes())
     dtype = next(target.model.parameters()).dtype
-    return {"config_sha1": _sha1(json.dumps(config, sort_keys=True, default=str).encode()),
-            "weights_sha1": h.hexdigest(), "dtype": str(dtype).replace("torch.", ""),
-            "aux_layer_ids": list(target.aux_layer_ids)}
+    return {
+        "config_sha1": _sha1(json.dumps(config, sort_keys=True, default=str).encode()),
+        "weights_sha1": h.hexdigest(),
+        "dtype": str(dtype).replace("torch.", ""),
+        "aux_layer_ids": list(target.aux_layer_ids),
+    }
 
 
 def samples_fingerprint(samples) -> dict:
@@ -154,21 +171,28 @@ def tokenizer_fingerprint(tokenizer) -> str:
 def data_config_summary(cfg) -> dict:
     """The settings that choose the samples (shown when samples differ; batching keys do not change features)."""
     d = cfg.data
-    out = {k: d.get(k) for k in ("path", "num_conversations", "heldout", "max_length", "seed", "regen_max_tokens",
-                                 "regen_temperature")}
+    out = {
+        k: d.get(k)
+        for k in ("path", "num_conversations", "heldout", "max_length", "seed", "regen_max_tokens", "regen_temperature")
+    }
     out["path"] = str(out["path"])
     if cfg.head.family == "mlp_speculator":
         out["head.stage"] = cfg.head.stage
         if cfg.head.stage == 2:
-            out["stage2"] = {k: cfg.stage2.get(k) for k in ("num_prompts", "prompt_tokens", "max_tokens", "temperatures",
-                                                            "seed")}
+            out["stage2"] = {
+                k: cfg.stage2.get(k) for k in ("num_prompts", "prompt_tokens", "max_tokens", "temperatures", "seed")
+            }
     return json.loads(json.dumps(out, default=str))
 
 
 def run_fingerprint(cfg, target, samples, tokenizer=None) -> dict:
     """Everything a features directory must agree with before a run may train on it."""
-    fp = {"target": target_fingerprint(target), "data": samples_fingerprint(samples),
-          "data_config": data_config_summary(cfg), "target_name_or_path": str(target.config._name_or_path)}
+    fp = {
+        "target": target_fingerprint(target),
+        "data": samples_fingerprint(samples),
+        "data_config": data_config_summary(cfg),
+        "target_name_or_path": str(target.config._name_or_path),
+    }
     if tokenizer is not None:
         fp["tokenizer_sha1"] = tokenizer_fingerprint(tokenizer)
     return fp
@@ -187,11 +211,15 @@ def fingerprint_differences(stored: dict, run: dict) -> list[str]:
     if a["aux_layer_ids"] != b["aux_layer_ids"]:
         out.append(f"aux layer ids: extracted {a['aux_layer_ids']}, this run uses {b['aux_layer_ids']}")
     if a["config_sha1"] != b["config_sha1"]:
-        out.append(f"target config: extracted from {stored.get('target_name_or_path')!r}, this run's target "
-                   f"{run.get('target_name_or_path')!r} has another architecture config")
+        out.append(
+            f"target config: extracted from {stored.get('target_name_or_path')!r}, this run's target "
+            f"{run.get('target_name_or_path')!r} has another architecture config"
+        )
     if a["weights_sha1"] != b["weights_sha1"]:
-        out.append(f"target weights: extracted from {stored.get('target_name_or_path')!r}, this run's target "
-                   f"{run.get('target_name_or_path')!r} has other weights")
+        out.append(
+            f"target weights: extracted from {stored.get('target_name_or_path')!r}, this run's target "
+            f"{run.get('target_name_or_path')!r} has other weights"
+        )
     if a["dtype"] != b["dtype"]:
         out.append(f"target dtype: extracted with a {a['dtype']} target, this run's is {b['dtype']} (set target.dtype)")
     if "tokenizer_sha1" in stored and "tokenizer_sha1" in run and stored["tokenizer_sha1"] != run["tokenizer_sha1"]:
@@ -199,11 +227,16 @@ def fingerprint_differences(stored: dict, run: dict) -> list[str]:
     if stored["data"] != run["data"]:
         sa, sb = stored["data"], run["data"]
         keys = sorted(set(stored["data_config"]) | set(run["data_config"]))
-        changed = [f"{k}: {stored['data_config'].get(k)!r} -> {run['data_config'].get(k)!r}" for k in keys
-                   if stored["data_config"].get(k) != run["data_config"].get(k)]
+        changed = [
+            f"{k}: {stored['data_config'].get(k)!r} -> {run['data_config'].get(k)!r}"
+            for k in keys
+            if stored["data_config"].get(k) != run["data_config"].get(k)
+        ]
         why = "; ".join(changed) if changed else "same data settings, so the source file or the rendering changed"
-        out.append(f"training samples: extracted {sa['num_samples']} samples / {sa['num_tokens']} tokens, this run has "
-                   f"{sb['num_samples']} / {sb['num_tokens']} ({why})")
+        out.append(
+            f"training samples: extracted {sa['num_samples']} samples / {sa['num_tokens']} tokens, this run has "
+            f"{sb['num_samples']} / {sb['num_tokens']} ({why})"
+        )
     return out
 
 
@@ -233,7 +266,9 @@ def load_manifest(root) -> dict:
         raise ShardError(f"{root}: no manifest.json (not a features directory; write one with `draftsmith extract`)")
     manifest = read_json(path, "manifest")
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ShardError(f"{path}: format {manifest.get('format')!r} v{manifest.get('version')}, expected {FORMAT} v{VERSION}")
+        raise ShardError(
+            f"{path}: format {manifest.get('format')!r} v{manifest.get('version')}, expected {FORMAT} v{VERSION}"
+        )
     shards = {s["name"]: s for s in manifest.get("shards", [])}
     stopped = {}  # from the parts only: a resumed extraction clears them
     for part in sorted((root / "parts").glob("rank-*.json")):
@@ -312,9 +347,11 @@ def file_sha256(path) -> str:
 
 def redo_advice(root) -> str:
     """What to do about shards that are not what was extracted."""
-    return (f"`draftsmith extract --validate {root}` lists every bad shard; delete each one and re-run the same "
-            "`draftsmith extract` (for features a training run extracted itself, the same training command): it "
-            "extracts the samples of deleted shards again. Or extract into a new directory")
+    return (
+        f"`draftsmith extract --validate {root}` lists every bad shard; delete each one and re-run the same "
+        "`draftsmith extract` (for features a training run extracted itself, the same training command): it "
+        "extracts the samples of deleted shards again. Or extract into a new directory"
+    )
 
 
 def verify_shard(root, record: dict) -> None:
@@ -332,14 +369,18 @@ def verify_shard(root, record: dict) -> None:
     if _verified.get(key) == seen:
         return
     if st.st_size != record["bytes"]:
-        raise ShardError(f"{path}: {st.st_size} bytes, but the manifest of the features directory {root} recorded "
-                         f"{record['bytes']} (truncated or replaced since extraction); none of its data was used. "
-                         + redo_advice(root))
+        raise ShardError(
+            f"{path}: {st.st_size} bytes, but the manifest of the features directory {root} recorded "
+            f"{record['bytes']} (truncated or replaced since extraction); none of its data was used. "
+            + redo_advice(root)
+        )
     found = file_sha256(path)
     if found != record["sha256"]:
-        raise ShardError(f"{path}: sha256 {found}, but the manifest of the features directory {root} recorded "
-                         f"{record['sha256']} (the same {st.st_size:,} bytes, overwritten or corrupted on disk since "
-                         "extraction); none of its data was used. " + redo_advice(root))
+        raise ShardError(
+            f"{path}: sha256 {found}, but the manifest of the features directory {root} recorded "
+            f"{record['sha256']} (the same {st.st_size:,} bytes, overwritten or corrupted on disk since "
+            "extraction); none of its data was used. " + redo_advice(root)
+        )
     _verified[key] = seen
 
 
@@ -372,7 +413,9 @@ def read_field(h, key: str, dtype: torch.dtype) -> torch.Tensor:
     return decompress_field(h.get_tensor(key), json.loads(meta[f"{key}_shape"]), dtype)
 
 
-def pack_shard(rows: list[dict], dtype: torch.dtype, fields: tuple[str, ...], meta: dict, compression: str = "none") -> bytes:
+def pack_shard(
+    rows: list[dict], dtype: torch.dtype, fields: tuple[str, ...], meta: dict, compression: str = "none"
+) -> bytes:
     """One shard's bytes. rows: [{"index", "input_ids", "loss_mask", "conv_id", <fields>: [n, D] tensors}].
 
     compression="zlib" stores each feature field as compressed bytes (`compress_field`), its shape in the metadata.
@@ -426,16 +469,20 @@ class ShardStore:
                 offsets = h.get_tensor("offsets").tolist()
                 fields = {k: read_field(h, k, self.dtype) for k in self.fields} if self.compressed else None
             except Exception as e:  # a truncated or overwritten file: name it, not a Rust panic
-                raise ShardError(f"{path}: unreadable shard ({type(e).__name__}: {e}); "
-                                 f"run `draftsmith extract --validate {self.root}`") from None
+                raise ShardError(
+                    f"{path}: unreadable shard ({type(e).__name__}: {e}); "
+                    f"run `draftsmith extract --validate {self.root}`"
+                ) from None
             self.open[name] = (h, offsets, fields)
         return self.open[name]
 
     def get(self, index: int) -> dict[str, torch.Tensor]:
         """Sample `index`: {"input_ids" [n], "loss_mask" [n], and each stored field [n, D]}."""
         if index not in self.where:
-            raise ShardError(f"{self.root}: sample {index} is not in any shard (the extraction covered "
-                             f"{len(self.where)} of {self.manifest['fingerprint']['data']['num_samples']} samples)")
+            raise ShardError(
+                f"{self.root}: sample {index} is not in any shard (the extraction covered "
+                f"{len(self.where)} of {self.manifest['fingerprint']['data']['num_samples']} samples)"
+            )
         name, row = self.where[index]
         h, offsets, fields = self._handle(name)
         a, b = offsets[row], offsets[row + 1]
@@ -489,8 +536,10 @@ def validate(root, run_fp: dict | None = None, samples=None) -> tuple[dict, list
             problems.append(f"{where}: tensors {sorted(keys)}, expected {sorted(want_keys)}")
             continue
         if meta.get("fingerprint_sha1") != want_sha:
-            problems.append(f"{where}: written for target/data fingerprint {meta.get('fingerprint_sha1')}, "
-                            f"the manifest's is {want_sha}")
+            problems.append(
+                f"{where}: written for target/data fingerprint {meta.get('fingerprint_sha1')}, "
+                f"the manifest's is {want_sha}"
+            )
         conv_ids = json.loads(meta.get("conv_ids", "[]"))
         index = h.get_tensor("sample_index").tolist()
         offsets = h.get_tensor("offsets")
@@ -501,15 +550,22 @@ def validate(root, run_fp: dict | None = None, samples=None) -> tuple[dict, list
         if bad_range:
             problems.append(f"{where}: sample {bad_range[0]} is outside the run's {num_samples} samples")
         N = int(offsets[-1])
-        if offsets.numel() != len(index) + 1 or int(offsets[0]) != 0 or bool((offsets.diff() <= 0).any()) or N != s["tokens"]:
+        if (
+            offsets.numel() != len(index) + 1
+            or int(offsets[0]) != 0
+            or bool((offsets.diff() <= 0).any())
+            or N != s["tokens"]
+        ):
             problems.append(f"{where}: token offsets do not describe {len(index)} samples of {s['tokens']} tokens")
             continue
         for k in ("input_ids", "loss_mask"):
             if list(h.get_slice(k).get_shape()) != [N]:
                 problems.append(f"{where}: {k} has shape {h.get_slice(k).get_shape()}, expected [{N}]")
         if meta.get("compression", "none") != manifest.get("compression", "none"):
-            problems.append(f"{where}: compression {meta.get('compression', 'none')!r}, the manifest says "
-                            f"{manifest.get('compression', 'none')!r}")
+            problems.append(
+                f"{where}: compression {meta.get('compression', 'none')!r}, the manifest says "
+                f"{manifest.get('compression', 'none')!r}"
+            )
             continue
         for k in manifest["fields"]:
             try:
@@ -524,21 +580,28 @@ def validate(root, run_fp: dict | None = None, samples=None) -> tuple[dict, list
             if not bool(finite.all()):
                 tok = int((~finite).nonzero()[0])
                 row = int(torch.searchsorted(offsets, torch.tensor(tok), right=True)) - 1
-                problems.append(f"{where}: sample {index[row]} (conversation {conv_ids[row] if row < len(conv_ids) else '?'}) "
-                                f"has non-finite {k} at token {tok - int(offsets[row])}")
+                problems.append(
+                    f"{where}: sample {index[row]} (conversation {conv_ids[row] if row < len(conv_ids) else '?'}) "
+                    f"has non-finite {k} at token {tok - int(offsets[row])}"
+                )
         if samples is not None and len(problems) == before:
             ids = h.get_tensor("input_ids").long()
             mask = h.get_tensor("loss_mask")
             for row, i in enumerate(index):
                 a, b = int(offsets[row]), int(offsets[row + 1])
-                if 0 <= i < len(samples) and (ids[a:b].tolist() != list(samples[i].input_ids)
-                                              or mask[a:b].tolist() != list(samples[i].loss_mask)):
-                    problems.append(f"{where}: sample {i} (conversation {samples[i].conv_id}) holds other tokens "
-                                    f"than this run's sample {i}")
+                if 0 <= i < len(samples) and (
+                    ids[a:b].tolist() != list(samples[i].input_ids) or mask[a:b].tolist() != list(samples[i].loss_mask)
+                ):
+                    problems.append(
+                        f"{where}: sample {i} (conversation {samples[i].conv_id}) holds other tokens "
+                        f"than this run's sample {i}"
+                    )
                     break
     for p in orphan_files(root, manifest):
         notes.append(f"{p}: not in the manifest (left by a killed extraction); ignored, removed by the next extract")
     if not manifest["complete"]:
-        notes.append(f"{root}: covers {manifest['covered_samples']} of {num_samples} samples"
-                     + (f" (stopped: {manifest['stopped']})" if manifest["stopped"] else " (not finished)"))
+        notes.append(
+            f"{root}: covers {manifest['covered_samples']} of {num_samples} samples"
+            + (f" (stopped: {manifest['stopped']})" if manifest["stopped"] else " (not finished)")
+        )
     return manifest, problems, notes

@@ -79,8 +79,10 @@ class FeatureSource:
             if r["input_ids"].shape[0] != n or not torch.equal(r["input_ids"], ids_cpu[b, :n]):
                 from draftsmith.train.features.shards import ShardError
 
-                raise ShardError(f"{self.disk.root / r['shard']}: sample {i} holds other tokens than this run's sample "
-                                 f"{i} (run `draftsmith extract --validate {self.disk.root}` with this run's overrides)")
+                raise ShardError(
+                    f"{self.disk.root / r['shard']}: sample {i} holds other tokens than this run's sample "
+                    f"{i} (run `draftsmith extract --validate {self.disk.root}` with this run's overrides)"
+                )
             out.append((r.get("aux"), r["last"]))
         return out
 
@@ -114,8 +116,15 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
     resumable like `draftsmith extract` (a kill keeps the finished shards)."""
     from draftsmith.assets import cache_dir
     from draftsmith.train.features.extract import extract
-    from draftsmith.train.features.shards import (DTYPE_NAMES, DTYPES, ShardError, fingerprint_sha1, load_manifest,
-                                         missing_shards, run_fingerprint)
+    from draftsmith.train.features.shards import (
+        DTYPE_NAMES,
+        DTYPES,
+        ShardError,
+        fingerprint_sha1,
+        load_manifest,
+        missing_shards,
+        run_fingerprint,
+    )
 
     dtype = cfg.data.get("features_dtype", "auto")
     if dtype != "auto" and dtype not in DTYPES:
@@ -130,15 +139,19 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
         if manifest["complete"] and not missing_shards(root, manifest):
             log(f"features: extracted earlier, {root}")
             return str(root)
-    log(f"features: extracting the target's features for {len(data.train)} training samples once, into {root} "
-        f"(not counted in optim.max_minutes; later runs with the same target and data reuse them)")
+    log(
+        f"features: extracting the target's features for {len(data.train)} training samples once, into {root} "
+        f"(not counted in optim.max_minutes; later runs with the same target and data reuse them)"
+    )
     summary = extract(cfg, root, dtype=name, log=log, inputs=(target, tokenizer, data, vocab), accelerator=accelerator)
     if not summary["complete"]:
         why = "; ".join((summary["stopped"] or {}).values()) or "the extraction stopped early"
-        raise ShardError(f"data.features=offline: extracting this run's features into {root} covered "
-                         f"{summary['covered_samples']} of {summary['num_samples']} training samples ({why}), so "
-                         "training did not start. Run the same command again to carry on (the finished shards are "
-                         "kept), or train with data.features=online or stream, which need no features on disk")
+        raise ShardError(
+            f"data.features=offline: extracting this run's features into {root} covered "
+            f"{summary['covered_samples']} of {summary['num_samples']} training samples ({why}), so "
+            "training did not start. Run the same command again to carry on (the finished shards are "
+            "kept), or train with data.features=online or stream, which need no features on disk"
+        )
     return str(root)
 
 
@@ -151,8 +164,14 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
     from draftsmith.train.features.shards import FAMILY_FIELDS, ShardError, parse_size
 
     if mode == "offline":
-        from draftsmith.train.features.shards import (ShardStore, fingerprint_differences, load_manifest, missing_shards,
-                                             redo_advice, run_fingerprint)
+        from draftsmith.train.features.shards import (
+            ShardStore,
+            fingerprint_differences,
+            load_manifest,
+            missing_shards,
+            redo_advice,
+            run_fingerprint,
+        )
 
         root = cfg.data.get("features_dir")
         if not root:
@@ -168,20 +187,29 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
         diffs = fingerprint_differences(manifest["fingerprint"], run_fingerprint(cfg, target, data.train, tokenizer))
         missing = set(FAMILY_FIELDS[family]) - set(manifest["fields"])
         if missing:
-            diffs.append(f"head family: extracted for {manifest['family']} (fields {manifest['fields']}), this "
-                         f"{family} run also needs {sorted(missing)}")
+            diffs.append(
+                f"head family: extracted for {manifest['family']} (fields {manifest['fields']}), this "
+                f"{family} run also needs {sorted(missing)}"
+            )
         if diffs:
-            raise ShardError(f"data.features_dir={root} was extracted for another run:\n  " + "\n  ".join(diffs)
-                             + "\n  re-extract with this run's overrides: draftsmith extract --out NEW_DIR <overrides>")
+            raise ShardError(
+                f"data.features_dir={root} was extracted for another run:\n  "
+                + "\n  ".join(diffs)
+                + "\n  re-extract with this run's overrides: draftsmith extract --out NEW_DIR <overrides>"
+            )
         if not manifest["complete"]:
             why = f" (stopped: {'; '.join(manifest['stopped'].values())})" if manifest["stopped"] else ""
-            raise ShardError(f"data.features_dir={root} covers {manifest['covered_samples']} of "
-                             f"{manifest['fingerprint']['data']['num_samples']} training samples{why}; finish it by "
-                             f"re-running the same `draftsmith extract` (with a larger --max-disk), or use data.features=stream")
+            raise ShardError(
+                f"data.features_dir={root} covers {manifest['covered_samples']} of "
+                f"{manifest['fingerprint']['data']['num_samples']} training samples{why}; finish it by "
+                f"re-running the same `draftsmith extract` (with a larger --max-disk), or use data.features=stream"
+            )
         gone = missing_shards(root, manifest)  # a stat per shard; the sha256 is checked as each shard is first read
         if gone:
-            raise ShardError(f"data.features_dir={root}: {len(gone)} shard(s) the manifest lists are missing or of "
-                             f"another size ({'; '.join(list(gone.values())[:5])}). " + redo_advice(root))
+            raise ShardError(
+                f"data.features_dir={root}: {len(gone)} shard(s) the manifest lists are missing or of "
+                f"another size ({'; '.join(list(gone.values())[:5])}). " + redo_advice(root)
+            )
         return FeatureSource(target, vocab_ids, mode, disk=ShardStore(root, manifest))
     if mode == "stream":
         from draftsmith.train.data.dataset import epoch_batches
@@ -191,9 +219,15 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
         base = Path(cfg.data.get("features_dir") or Path(cfg.output_dir) / "stream_features")
         max_disk = cfg.data.get("max_disk")
         budget = parse_size(max_disk) // world if max_disk else None  # each process buffers its own batches
-        producer = StreamProducer(base / f"rank-{rank:05d}", target, data.train,
-                                  lambda epoch: epoch_batches(data, cfg, epoch, rank, world),
-                                  FAMILY_FIELDS[family], next(target.parameters()).dtype, budget,
-                                  log=lambda *a: print(*a, flush=True) if accelerator.is_main_process else None)
+        producer = StreamProducer(
+            base / f"rank-{rank:05d}",
+            target,
+            data.train,
+            lambda epoch: epoch_batches(data, cfg, epoch, rank, world),
+            FAMILY_FIELDS[family],
+            next(target.parameters()).dtype,
+            budget,
+            log=lambda *a: print(*a, flush=True) if accelerator.is_main_process else None,
+        )
         return FeatureSource(target, vocab_ids, mode, stream=producer)
     return FeatureSource(target, vocab_ids, mode)  # raises: an unknown mode

@@ -32,8 +32,18 @@ def _dir_bytes(root: Path) -> int:
 
 
 class StreamProducer:
-    def __init__(self, root, target, samples, schedule, fields, dtype: torch.dtype, budget: int | None,
-                 ahead: int = 16, log=print):
+    def __init__(
+        self,
+        root,
+        target,
+        samples,
+        schedule,
+        fields,
+        dtype: torch.dtype,
+        budget: int | None,
+        ahead: int = 16,
+        log=print,
+    ):
         """
         Args:
             schedule: epoch -> this rank's batches (lists of sample indices), in the order the trainer takes them.
@@ -53,15 +63,24 @@ class StreamProducer:
         self.error: BaseException | None = None
         self.seq = 0
         self.epoch = 0  # the epoch the producer is in (where a resync searches first)
-        self.stats = {"shards": 0, "bytes_written": 0, "peak_disk_bytes": 0, "target_tokens": 0, "resyncs": 0,
-                      "budget_bytes": budget, "ahead": ahead}
+        self.stats = {
+            "shards": 0,
+            "bytes_written": 0,
+            "peak_disk_bytes": 0,
+            "target_tokens": 0,
+            "resyncs": 0,
+            "budget_bytes": budget,
+            "ahead": ahead,
+        }
 
     def _compute(self, indices: list[int]) -> list[dict]:
         from draftsmith.train.features.extract import feature_rows
 
         device = next(self.target.model.parameters()).device
         # the whole batch in one forward, exactly the loop's online call (same padding, same kernels)
-        return feature_rows(self.target, self.samples, list(indices), self.fields, self.dtype, self.target.pad_id, device)
+        return feature_rows(
+            self.target, self.samples, list(indices), self.fields, self.dtype, self.target.pad_id, device
+        )
 
     def _run(self, epoch: int, i: int) -> None:
         try:
@@ -76,12 +95,16 @@ class StreamProducer:
                     rows = self._compute(idx)
                     blob = pack_shard(rows, self.dtype, self.fields, {"format": FORMAT, "stream": "1"})
                     if self.budget is not None and len(blob) > self.budget:
-                        raise ShardError(f"data.max_disk: one batch's features take {fmt_size(len(blob))}, more than the "
-                                         f"stream buffer's budget {fmt_size(self.budget)} per process; raise data.max_disk "
-                                         f"or lower data.max_tokens_per_batch")
+                        raise ShardError(
+                            f"data.max_disk: one batch's features take {fmt_size(len(blob))}, more than the "
+                            f"stream buffer's budget {fmt_size(self.budget)} per process; raise data.max_disk "
+                            f"or lower data.max_tokens_per_batch"
+                        )
                     with self.cond:
-                        while not self.stopping and (len(self.queue) >= self.ahead or
-                                                     (self.budget is not None and self.used + len(blob) > self.budget)):
+                        while not self.stopping and (
+                            len(self.queue) >= self.ahead
+                            or (self.budget is not None and self.used + len(blob) > self.budget)
+                        ):
                             self.cond.wait()
                         if self.stopping:
                             return
@@ -156,8 +179,10 @@ class StreamProducer:
         rows = self._compute(indices)
         self.stats["target_tokens"] += sum(len(self.samples[j].input_ids) for j in indices)
         if found is None:
-            self.log(f"stream: batch {list(indices)[:8]} is not in the next {MAX_SEARCH_EPOCHS} epochs' schedule; "
-                     "computed online")
+            self.log(
+                f"stream: batch {list(indices)[:8]} is not in the next {MAX_SEARCH_EPOCHS} epochs' schedule; "
+                "computed online"
+            )
         else:
             self._start(found[0], found[1] + 1)
         return [{k: r[k] for k in ("index", "input_ids", "loss_mask", *self.fields)} for r in rows]

@@ -144,7 +144,9 @@ def ttt_attention(q: torch.Tensor, cache: list) -> torch.Tensor:
     s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, T, T]
     s0 = s0.masked_fill(~causal, float("-inf"))
     sd = torch.stack([(q * k).sum(-1) for k, _ in cache[1:]], dim=-1) * scale  # [B, nh, T, s]
-    p = torch.softmax(torch.cat([s0, sd], dim=-1).to(torch.promote_types(q.dtype, torch.float32)), dim=-1).to(q.dtype)  # [B, nh, T, T+s]
+    p = torch.softmax(torch.cat([s0, sd], dim=-1).to(torch.promote_types(q.dtype, torch.float32)), dim=-1).to(
+        q.dtype
+    )  # [B, nh, T, T+s]
     vd = torch.stack([v for _, v in cache[1:]], dim=-2)  # [B, nh, T, s, hd]
     return p[..., :T] @ v0 + (p[..., T:, None] * vd).sum(-2)  # [B, nh, T, hd]
 
@@ -194,8 +196,12 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool) if cfg.draft_vocab_size == cfg.vocab_size
-                             else torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.register_buffer(
+            "t2d",
+            torch.ones(cfg.vocab_size, dtype=torch.bool)
+            if cfg.draft_vocab_size == cfg.vocab_size
+            else torch.zeros(cfg.vocab_size, dtype=torch.bool),
+        )
         self.apply(self._init)
 
     @staticmethod
@@ -205,7 +211,9 @@ class Eagle3Head(nn.Module):
 
     def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         """Install the draft vocabulary mapping (target_id = draft_id + d2t[draft_id])."""
-        assert d2t.shape == self.d2t.shape and t2d.shape == self.t2d.shape, "draft vocab does not match the head's sizes"
+        assert d2t.shape == self.d2t.shape and t2d.shape == self.t2d.shape, (
+            "draft vocab does not match the head's sizes"
+        )
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
 
@@ -217,7 +225,9 @@ class Eagle3Head(nn.Module):
         """[B, T, 3·Ht] target aux states -> [B, T, H] first-step hidden input (vLLM's combine_hidden_states)."""
         return self.fc(aux)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, cache: list) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, cache: list
+    ) -> torch.Tensor:
         """One draft step. input_ids/positions: [B, T]; hidden: [B, T, H]. Returns the pre-norm hidden [B, T, H],
         which is both the next step's `hidden` and, through `logits`, this step's prediction."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]

@@ -58,12 +58,17 @@ class MLPSpeculatorConfig:
     @classmethod
     def from_target(cls, target_config, **kw) -> "MLPSpeculatorConfig":
         tc = target_config
-        return cls(emb_dim=tc.hidden_size, vocab_size=tc.vocab_size, target={
-            "name_or_path": getattr(tc, "_name_or_path", ""),
-            "architectures": list(getattr(tc, "architectures", None) or []),
-            "num_hidden_layers": tc.num_hidden_layers,
-            "model_type": tc.model_type,
-        }, **kw)
+        return cls(
+            emb_dim=tc.hidden_size,
+            vocab_size=tc.vocab_size,
+            target={
+                "name_or_path": getattr(tc, "_name_or_path", ""),
+                "architectures": list(getattr(tc, "architectures", None) or []),
+                "num_hidden_layers": tc.num_hidden_layers,
+                "model_type": tc.model_type,
+            },
+            **kw,
+        )
 
 
 class LayerNorm(nn.Module):

@@ -33,9 +33,17 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
-def ttt_unroll(head, aux: torch.Tensor, target_logits: torch.Tensor, input_ids: torch.Tensor,
-               loss_mask: torch.Tensor, steps: int, decay: float, target_top: torch.Tensor | None = None,
-               denoms: torch.Tensor | None = None) -> TTTOutput:
+def ttt_unroll(
+    head,
+    aux: torch.Tensor,
+    target_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    steps: int,
+    decay: float,
+    target_top: torch.Tensor | None = None,
+    denoms: torch.Tensor | None = None,
+) -> TTTOutput:
     """Unroll the head `steps` times on its own hidden outputs and score each step against the target.
 
     Args:
@@ -97,4 +105,6 @@ class Unrolled(torch.nn.Module):
         self.head, self.steps, self.decay = head, steps, decay
 
     def forward(self, aux, target_logits, input_ids, loss_mask, target_top=None, denoms=None) -> TTTOutput:
-        return ttt_unroll(self.head, aux, target_logits, input_ids, loss_mask, self.steps, self.decay, target_top, denoms)
+        return ttt_unroll(
+            self.head, aux, target_logits, input_ids, loss_mask, self.steps, self.decay, target_top, denoms
+        )

@@ -1,13 +1,53 @@
-"""Write a directory atomically: build it beside its final place, then rename it into place."""
+"""Atomic writes: build beside the final place, fsync, rename into place. A crash leaves the old version or the new
+one, never half of either."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename in `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_file(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `final` to write; on success it is fsynced and renamed over `final`."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.touch(exist_ok=False)  # the umask's permissions, like any file the user writes (mkstemp would give 0600)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Replace `path` with `data` atomically."""
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> None:
+    atomic_write(path, (json.dumps(obj, indent=indent) + "\n").encode())
 
 
 @contextmanager

@@ -21,6 +21,8 @@ import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
+from draftsmith.atomic import atomic_write_json
+
 BACKENDS = ("auto", "vllm", "hf")
 
 
@@ -255,20 +257,14 @@ def cached_generate(
         f"generate: {len(prompts)} prompts -> {n} tokens with {backend} in {seconds:.0f} s "
         f"({n / max(seconds, 1e-9):.0f} tok/s)"
     )
-    file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=file.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(
-            {
-                "key": key,
-                "backend": backend,
-                "max_tokens": max_tokens,
-                "temperature": temperature,
-                "seed": seed,
-                "seconds": seconds,
-                "outputs": outs,
-            },
-            f,
-        )
-    os.replace(tmp, file)  # a kill mid-write leaves no half cache
+    record = {
+        "key": key,
+        "backend": backend,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "seconds": seconds,
+        "outputs": outs,
+    }
+    atomic_write_json(file, record, indent=None)  # a kill mid-write leaves no half cache
     return outs

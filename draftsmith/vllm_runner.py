@@ -20,6 +20,8 @@ import sys
 import time
 from importlib import metadata
 
+from draftsmith.atomic import atomic_write
+
 EVENT = "@draftsmith-eval "
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -165,10 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
     result = run(job)
-    tmp = result_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f)
-    os.replace(tmp, result_path)  # the parent never reads a half-written result
+    atomic_write(result_path, json.dumps(result).encode())  # the parent never reads a half-written result
     emit("done", generated_tokens=result["generated_tokens"], seconds=round(result["generation_s"], 2))
     return 0
 

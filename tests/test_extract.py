@@ -425,11 +425,14 @@ def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_tar
     out_a, a = run("a")
     dirs = list((tmp_path / "cache" / "features").iterdir())
     assert len(dirs) == 1 and dirs[0].name.endswith("-eagle3-bf16"), dirs
-    assert f"extracting the target's features for 32 training samples once, into {dirs[0]}" in out_a
+    assert f"extracting the target's features for 32 training and 4 held-out samples once, into {dirs[0]}" in out_a
     manifest = load_manifest(dirs[0])
     assert manifest["complete"] and manifest["dtype"] == "bf16" and manifest["covered_samples"] == 32
+    held = load_manifest(dirs[0] / "heldout")  # held-out features, with the target's argmax, beside them
+    assert held["complete"] and held["covered_samples"] == 4 and "top" in held["fields"]
     out_b, b = run("b")
     assert f"features: extracted earlier, {dirs[0]}" in out_b and "extracting" not in out_b
+    assert "loading the whole target" in out_a and "loading the whole target" not in out_b  # b: the ends only
     assert [r["loss"] for r in a] == [r["loss"] for r in b] and len(a) == 4
     assert a[-1]["target_tokens"] == 0 and b[-1]["target_tokens"] == 0
     assert f"features_dir: {dirs[0]}" in (tmp_path / "b" / "config.yaml").read_text()  # the run records where they were

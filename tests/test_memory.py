@@ -38,12 +38,16 @@ def test_llama8b_dry_run_counts_and_layouts():
     assert ddp["total"] < 80  # the preset fits an 80 GB GPU, as its header says
 
 
-def test_offline_features_drop_the_target():
-    from draftsmith.train.memory import estimate
+def test_offline_features_keep_only_the_target_ends():
+    from draftsmith.train.memory import GiB, estimate
 
     e = estimate(compose("conf=eagle3_llama70b"), processes=8)
     assert e["target_params"] > 70e9
-    assert e["layouts"]["ddp"]["target weights"] == 0
+    V, H, Vd = 128256, 8192, 32000  # embedding + final norm + the draft vocab's lm_head rows, bf16
+    assert e["layouts"]["ddp"]["target weights"] == pytest.approx((V + 1 + Vd) * H * 2 / GiB)  # 2.4 GiB, not 131
+    assert e["layouts"]["ddp"]["target forward (transient)"] == 0
+    whole = estimate(compose("conf=eagle3_llama70b", "data.features=online"), processes=8)
+    assert whole["layouts"]["ddp"]["target weights"] > 50 * e["layouts"]["ddp"]["target weights"]
 
 
 def test_tiny_dry_run_matches_the_built_models(tiny_target_dir, tmp_path):

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
 from draftsmith.assets import cache_dir, resolve_target
+from draftsmith.atomic import atomic_write
 from draftsmith.errors import ConfigError
 from draftsmith.train.data.conversations import DataError
 from draftsmith.train.data.dataset import prepare_data
 from draftsmith.train.data.render import special_ids
 from draftsmith.train.data.vocab import build_draft_vocab
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.train.target import Target
+from draftsmith.train.target import Target, TargetEnds
 
 
 def fast_bf16(device: torch.device) -> bool:
@@ -94,8 +94,11 @@ def load_target_config(name_or_path: str):
         ) from None
 
 
-def build_target(cfg, device: torch.device) -> tuple[Target, str]:
-    """Load the frozen target and check it is the model the preset describes."""
+def build_target(cfg, device: torch.device, ends_only: bool = False) -> tuple[Target | TargetEnds, str]:
+    """Load the frozen target and check it is the model the preset describes.
+
+    ends_only: only its embedding, final norm and (on demand) lm_head rows, for training from stored features.
+    """
     path, tc = load_target_config(cfg.name_or_path)  # before the weights: a wrong 70B preset fails in seconds
     got = {"hidden_size": tc.hidden_size, "num_hidden_layers": tc.num_hidden_layers, "vocab_size": tc.vocab_size}
     want = {k: cfg[k] for k in got}
@@ -104,8 +107,10 @@ def build_target(cfg, device: torch.device) -> tuple[Target, str]:
             f"target {cfg.name_or_path!r} is not the model this preset describes: config has {got}, "
             f"preset says {want}; fix target.* or pick the right conf="
         )
-    target = Target.from_pretrained(path, cfg.aux_layer_ids, dtype=target_dtype(cfg.dtype, device))
-    return target, path
+    dtype = target_dtype(cfg.dtype, device)
+    if ends_only:
+        return TargetEnds(path, cfg.aux_layer_ids, dtype=dtype), path
+    return Target.from_pretrained(path, cfg.aux_layer_ids, dtype=dtype), path
 
 
 def build_head(cfg, target: Target, vocab) -> Eagle3Head:
@@ -141,7 +146,7 @@ def warm_start_output(head: Eagle3Head, target: Target) -> None:
     the target's own output embedding instead of noise; the layer and fc learn from scratch.
     """
     head.norm.weight.copy_(target.norm.weight.float())
-    head.lm_head.weight.copy_(target.lm_head.weight.float()[head.draft_to_target])
+    head.lm_head.weight.copy_(target.output_weight(head.draft_to_target).float())
 
 
 @torch.no_grad()
@@ -195,9 +200,7 @@ def regenerated_path(data_cfg, target_path: str) -> str:
     )
     with open(pool, "rb") as f:
         lines = [line for line in f if json.loads(line)["id"] in wanted]
-    tmp = view.with_name(view.name + ".tmp")
-    tmp.write_bytes(b"".join(lines))
-    os.replace(tmp, view)
+    atomic_write(view, b"".join(lines))
     (view.parent / (view.name + ".complete")).touch()
     return str(view)
 
@@ -285,14 +288,14 @@ def build_mlp_speculator(cfg, target: Target):
             raise ConfigError(f"head.init=output needs inner_dim == the target's hidden size {hcfg.emb_dim}")
         with torch.no_grad():
             for i in range(hcfg.n_predict):
-                head.head[i].weight.copy_(target.lm_head.weight.float())
+                head.head[i].weight.copy_(target.output_weight().float())
                 head.emb[i].weight.copy_(target.embed_tokens.weight.float())
     elif cfg.init != "random":
         raise ConfigError(f"head.init={cfg.init!r}: expected random | output for an MLP speculator")
     return head
 
 
-def build_run(cfg, device, stats_dir: Path | None, log=print):
+def build_run(cfg, device, stats_dir: Path | None, log=print, ends_only: bool = False):
     """Target, tokenizer, training data and draft vocab of a run: what training and `draftsmith extract` share.
 
     `stats_dir` receives data_stats.json and heldout_prompts.jsonl (None: a temporary dir, e.g. other ranks).
@@ -301,7 +304,7 @@ def build_run(cfg, device, stats_dir: Path | None, log=print):
 
     from transformers import AutoTokenizer
 
-    target, target_path = build_target(cfg.target, device)
+    target, target_path = build_target(cfg.target, device, ends_only)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     if stats_dir is not None:
         data, vocab = build_data_and_vocab(cfg, tokenizer, stats_dir, log=log)

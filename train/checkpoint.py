@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftsmith.atomic import atomic_dir
+from draftsmith.atomic import atomic_dir, atomic_write
 from draftsmith.errors import ConfigError, DiskFullError, DraftsmithError, free_space, is_disk_full
 
 
@@ -129,9 +129,7 @@ def trim_metrics(path: Path, step: int) -> int:
         else:
             dropped += 1
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(b"".join(kept))
-        os.replace(tmp, path)
+        atomic_write(path, b"".join(kept))
     return dropped
 
 

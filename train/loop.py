@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from draftsmith.errors import ConfigError, DraftsmithError, Interrupted
 from draftsmith.train.checkpoint import Position, resolve_checkpoint, restore_run_state, save_run_state, trim_metrics
 from draftsmith.train.data.dataset import collate, epoch_batches, make_batches
-from draftsmith.train.features.sources import build_feature_source
+from draftsmith.train.features.sources import build_feature_source, heldout_feature_source
 from draftsmith.train.objective import build_objective
 
 
@@ -78,8 +78,12 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float, time_frac: f
 
 
 @torch.no_grad()
-def evaluate(cfg, head, target, samples, device, autocast) -> dict:
-    """Per-step accuracy and simulated acceptance length on held-out samples (no grad, fixed order)."""
+def evaluate(cfg, head, target, samples, device, autocast, features=None) -> dict:
+    """Per-step accuracy and simulated acceptance length on held-out samples (no grad, fixed order).
+
+    Args:
+        features: a FeatureSource over the held-out samples' stored features (offline); None runs the target.
+    """
     head.eval()
     objective = build_objective(cfg.head)
     model = objective.wrap(head)
@@ -89,7 +93,7 @@ def evaluate(cfg, head, target, samples, device, autocast) -> dict:
     )
     for idx in order[: cfg.eval_batches]:
         batch = {k: v.to(device) for k, v in collate([samples[i] for i in idx], target.pad_id).items()}
-        feats = objective.features(target, head, batch, eval=True)
+        feats = features(idx, batch) if features else objective.features(target, head, batch, eval=True)
         with autocast():
             out = objective(model, feats, batch, eval=True)
         if sums["acc"] is None:
@@ -211,6 +215,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     model, optimizer = accelerator.prepare(objective.wrap(head), optimizer)
     raw = accelerator.unwrap_model(model).head
     features = build_feature_source(cfg, target, objective.vocab_ids(raw), data, objective.family, accelerator)
+    heldout = heldout_feature_source(cfg, target, objective.vocab_ids(raw), data)  # offline: eval from disk too
 
     pos = Position()
     if cfg.resume:
@@ -322,7 +327,9 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
                     log(metrics)
                 if (cfg.eval_every and pos.step % cfg.eval_every == 0) or (last_step and not interrupted):
                     last_eval = (
-                        evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast) if data.heldout else {}
+                        evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast, heldout)
+                        if data.heldout
+                        else {}
                     )
                     print0(
                         accelerator,

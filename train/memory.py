@@ -8,9 +8,10 @@ config.json, the embedded SmolLM2's converted copy, or `target.arch` in conf/tar
 counts are exact. Activations are an upper-bound estimate for the largest batch the data config allows
 (`max_tokens_per_batch` tokens, sequences of `max_length`), every position supervised.
 
-Layouts: the frozen target is never given to accelerate (it is not trained), so it is whole on every rank
-(data.features=offline leaves it out of the estimate; the training loop itself still loads it on every rank
-for held-out evaluation and the lm_head rows, a known gap). The head and its AdamW state are replicated under DDP;
+Layouts: the frozen target is never given to accelerate (it is not trained), so it is whole on every rank;
+with data.features=offline a rank loads only its ends (train/target.py TargetEnds: the embedding, the final
+norm and the draft vocab's lm_head rows; held-out eval reads stored features), which is what is counted then.
+The head and its AdamW state are replicated under DDP;
 ZeRO-1 shards the optimizer state, ZeRO-2 (and FSDP SHARD_GRAD_OP) also the gradients, ZeRO-3 (and FSDP
 FULL_SHARD) also the parameters.
 """
@@ -137,15 +138,22 @@ def activation_bytes(cfg, tc, act_bytes: int) -> dict[str, float]:
     return {"target forward (transient)": target, "features": feats, "head (kept for backward)": head}
 
 
+def target_ends_params(cfg, tc) -> int:
+    """What TargetEnds holds: the embedding, the final norm and the lm_head rows the objective reads."""
+    rows = min(cfg.head.draft_vocab_size, tc.vocab_size) if cfg.head.family == "eagle3" else 0  # MLP: none
+    return (tc.vocab_size + 1 + rows) * tc.hidden_size
+
+
 def estimate(cfg, processes: int) -> dict:
     """Per-rank GiB for each layout (see the module docstring)."""
     s = count_shapes(cfg)
     mp = cfg.mixed_precision
     tdtype = cfg.target.dtype if cfg.target.dtype != "auto" else ("bfloat16" if mp != "no" else "float32")
     act_bytes = 2 if mp in ("bf16", "auto") else 4  # "auto" is bf16 on every GPU this is meant for
-    target_w = 0 if cfg.data.get("features") == "offline" else s.target_params * DTYPE_BYTES[tdtype]
     acts = activation_bytes(cfg, s.config, act_bytes)
-    if not target_w:
+    ends_only = cfg.data.get("features") == "offline" and cfg.head.get("init") != "target"
+    target_w = (target_ends_params(cfg, s.config) if ends_only else s.target_params) * DTYPE_BYTES[tdtype]
+    if ends_only:
         acts["target forward (transient)"] = 0
     rows = {}
     for name, (shard_p, shard_g, shard_o) in LAYOUTS.items():

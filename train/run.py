@@ -50,7 +50,7 @@ def run(cfg: DictConfig) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from draftsmith.train.build import build_head, build_run, fast_bf16
+    from draftsmith.train.build import build_head, build_run, build_target, fast_bf16
     from draftsmith.train.checkpoint import prepare_run_dir
     from draftsmith.train.config import validate_config
     from draftsmith.train.loop import print0, train
@@ -81,15 +81,33 @@ def run(cfg: DictConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(sys.argv)}\n")
     save_config()
-    target, tokenizer, data, vocab = build_run(
-        cfg, accelerator.device, run_dir if accelerator.is_main_process else None, log=log
-    )
-    if cfg.data.features == "offline" and not cfg.data.get("features_dir"):
-        from draftsmith.train.features.sources import ensure_offline_features
+    # features from disk: the target's decoder layers stay off this rank (init=target copies its last layer)
+    ends_only = cfg.data.features == "offline" and cfg.head.init != "target"
+    stats_dir = run_dir if accelerator.is_main_process else None
+    target, tokenizer, data, vocab = build_run(cfg, accelerator.device, stats_dir, log=log, ends_only=ends_only)
+    if cfg.data.features == "offline":
+        from draftsmith.train.features.shards import HELDOUT_DIR
+        from draftsmith.train.features.sources import ensure_offline_features, features_complete
 
-        with open_dict(cfg):
-            cfg.data.features_dir = ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator, log=log)
-        save_config()  # with the directory the run resolved
+        if not cfg.data.get("features_dir"):
+
+            def load_whole():  # only when something is left to extract
+                log("features: loading the whole target to extract them")
+                return build_target(cfg.target, accelerator.device)[0]
+
+            with open_dict(cfg):
+                cfg.data.features_dir = ensure_offline_features(
+                    cfg, target, tokenizer, data, vocab, accelerator, log=log, load_whole=load_whole
+                )
+            save_config()  # with the directory the run resolved
+        held = Path(cfg.data.features_dir) / HELDOUT_DIR
+        if ends_only and data.heldout and not features_complete(held, data.heldout):
+            log(
+                f"features: {held} does not hold this run's held-out features (extracted before they were stored?): "
+                f"loading the whole target for held-out eval; `draftsmith extract --out {cfg.data.features_dir} "
+                f"<the same overrides>` adds them"
+            )
+            target = build_target(cfg.target, accelerator.device)[0]
     head = build_head(cfg.head, target, vocab)
     head.config.target["name_or_path"] = tokenizer.name_or_path  # the target's resolved local dir or hub id
     tracker = None

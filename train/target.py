@@ -31,21 +31,45 @@ class Features:
     top: torch.Tensor | None = None  # [B, T] full-vocab argmax, when logits are restricted and it was asked for
 
 
+def _aux_ids_and_pad(cfg, aux_layer_ids) -> tuple[list[int], int]:
+    """The aux layer ids (default: EAGLE-3's picks) checked against the depth, and the pad id."""
+    n = cfg.num_hidden_layers
+    ids = list(aux_layer_ids) if aux_layer_ids else default_aux_layer_ids(n)
+    bad = [i for i in ids if not 0 <= i < n]
+    if bad:
+        raise ConfigError(f"aux layer ids {bad} out of range for a target with {n} decoder layers")
+    pad = getattr(cfg, "pad_token_id", None)
+    return ids, pad if pad is not None else (cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0)
+
+
+def _ends(t: torch.Tensor) -> torch.Tensor:
+    """The first and last 1,024 values of a tensor, rounded to bf16: a cheap identity of a weight."""
+    flat = t.detach().reshape(-1)
+    return torch.cat([flat[:1024], flat[-1024:]]).to(torch.bfloat16).cpu()
+
+
 class Target(nn.Module):
     """A frozen HF causal LM that returns the features a draft head trains on."""
 
     def __init__(self, model: nn.Module, aux_layer_ids: list[int] | None = None):
         super().__init__()
         self.model = model.eval().requires_grad_(False)
-        cfg = model.config
-        self.config = cfg
-        n = cfg.num_hidden_layers
-        self.aux_layer_ids = list(aux_layer_ids) if aux_layer_ids else default_aux_layer_ids(n)
-        pad = getattr(cfg, "pad_token_id", None)
-        self.pad_id = pad if pad is not None else (cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0)
-        bad = [i for i in self.aux_layer_ids if not 0 <= i < n]
-        if bad:
-            raise ConfigError(f"aux layer ids {bad} out of range for a target with {n} decoder layers")
+        self.config = model.config
+        self.aux_layer_ids, self.pad_id = _aux_ids_and_pad(self.config, aux_layer_ids)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def output_weight(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The lm_head rows of target ids `ids` ([len(ids), H]; all rows for None)."""
+        weight = self.lm_head.weight  # [V, H]
+        return weight if ids is None else weight[ids]
+
+    def weight_ends(self):
+        """(name, shape, ends) of every parameter, tied ones once: what the features fingerprint hashes."""
+        for name, p in sorted(self.model.named_parameters()):
+            yield name, tuple(p.shape), _ends(p)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, aux_layer_ids=None, dtype: torch.dtype = torch.float32) -> "Target":
@@ -116,3 +140,126 @@ class Target(nn.Module):
         extra = cache.get_seq_length() - length
         if extra > 0:
             cache.crop(-extra)  # transformers 5: a negative count removes that many trailing tokens
+
+
+class TargetEnds(nn.Module):
+    """A frozen target without its decoder layers: the embedding, the final norm and the lm_head rows asked for.
+
+    What a training rank needs when the features come from disk (data.features=offline): the head copies the
+    embedding, the loss rebuilds the target's logits from the stored final hidden states with the draft vocab's
+    lm_head rows, and held-out eval reads stored features too. For a 70B target that is ~2 GB instead of 140.
+    Tensors are read from the checkpoint's safetensors files alone (memory-mapped, a slice at a time).
+    """
+
+    def __init__(self, path: str, aux_layer_ids=None, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        from transformers import AutoConfig
+
+        self.path, self._dtype = str(path), dtype
+        self.config = AutoConfig.from_pretrained(self.path)
+        self.config._name_or_path = self.path
+        self.aux_layer_ids, self.pad_id = _aux_ids_and_pad(self.config, aux_layer_ids)
+        self._files = self._weight_files()
+        self._names = names = self._param_names()
+        embed = self._read(names["embed"])  # [V, H]
+        self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
+        self.norm = nn.RMSNorm(embed.shape[1], eps=getattr(self.config, "rms_norm_eps", 1e-6))
+        with torch.no_grad():
+            self.norm.weight.copy_(self._read(names["norm"]))
+        self.norm.requires_grad_(False)
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # (ids, weight rows) last asked for
+
+    def _weight_files(self) -> dict[str, str]:
+        """tensor name -> the safetensors file holding it (one file, or a sharded index)."""
+        import json
+        from pathlib import Path
+
+        root = Path(self.path)
+        index = root / "model.safetensors.index.json"
+        if index.is_file():
+            return {k: str(root / f) for k, f in json.loads(index.read_text())["weight_map"].items()}
+        single = root / "model.safetensors"
+        if not single.is_file():
+            raise ConfigError(
+                f"target.name_or_path={self.path}: no model.safetensors (or index) to read the "
+                "embedding and lm_head from; offline training reads safetensors checkpoints only"
+            )
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as h:
+            return {k: str(single) for k in h.keys()}
+
+    def _param_names(self) -> dict[str, str]:
+        """Where the embedding, final norm and lm_head live in this checkpoint (tied: the embedding's)."""
+        keys = set(self._files)
+
+        def find(*names: str) -> str | None:
+            return next((n for n in names if n in keys), None)
+
+        embed = find("model.embed_tokens.weight", "embed_tokens.weight")
+        norm = find("model.norm.weight", "norm.weight")
+        lm_head = find("lm_head.weight") or embed
+        if embed is None or norm is None:
+            raise ConfigError(
+                f"target {self.path}: no model.embed_tokens / model.norm weights among its tensors; "
+                "offline training knows Llama-style checkpoints (use data.features=online for others)"
+            )
+        return {"embed": embed, "norm": norm, "lm_head": lm_head}
+
+    def _read(self, name: str, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Tensor `name` in this target's dtype; with `rows`, only those rows, in that order (8,192 at a time)."""
+        from safetensors import safe_open
+
+        with safe_open(self._files[name], framework="pt") as h:
+            sl = h.get_slice(name)
+            if rows is None:
+                return sl[:].to(self._dtype)
+            shape = sl.get_shape()
+            out = torch.empty(len(rows), *shape[1:], dtype=self._dtype)  # [len(rows), H]
+            for a in range(0, shape[0], 8192):
+                where = ((rows >= a) & (rows < a + 8192)).nonzero().squeeze(1)  # positions of rows in this chunk
+                if where.numel():
+                    out[where] = sl[a : min(shape[0], a + 8192)][rows[where] - a].to(self._dtype)
+        return out
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    def output_weight(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The lm_head rows of target ids `ids` ([len(ids), H]), read once per id set and kept."""
+        if ids is None:
+            raise ConfigError(
+                "this target was loaded without its full lm_head (offline features); a full-vocab "
+                "output needs data.features=online|memory|stream"
+            )
+        if self._rows is None or not torch.equal(self._rows[0], ids.cpu()):
+            self._rows = (
+                ids.cpu().clone(),
+                self._read(self._names["lm_head"], ids.cpu()).to(self.embed_tokens.weight.device),
+            )
+        return self._rows[1]
+
+    def weight_ends(self):
+        """The same (name, shape, ends) as Target.weight_ends, read from the checkpoint without loading it."""
+        from safetensors import safe_open
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(self.config)  # parameter names and shapes, tied ones once
+        for name, p in sorted(meta.named_parameters()):
+            stored = name if name in self._files else self._names["embed"]  # a tied lm_head is stored as the embedding
+            with safe_open(self._files[stored], framework="pt") as h:
+                sl = h.get_slice(stored)
+                shape = tuple(sl.get_shape())
+                cols = 1 if len(shape) == 1 else int(torch.tensor(shape[1:]).prod())
+                k = -(-1024 // cols)  # rows holding the first / last 1,024 values
+                head, tail = sl[:k].to(self._dtype), sl[max(0, shape[0] - k) :].to(self._dtype)
+            flat_head, flat_tail = head.reshape(-1)[:1024], tail.reshape(-1)[-1024:]
+            yield name, tuple(p.shape), torch.cat([flat_head, flat_tail]).to(torch.bfloat16)
+
+    def features(self, *args, **kwargs):
+        raise ConfigError(
+            "this target was loaded without its decoder layers (data.features=offline): its features "
+            "come from the shards; a code path that runs the target needs the whole model"
+        )

@@ -11,10 +11,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import random
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,6 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.atomic import atomic_file
 from draftsmith.errors import ConfigError
 from draftsmith.train.data.conversations import (
     Conversation,
@@ -103,16 +102,8 @@ def _unpack(packed: dict) -> list[Sample]:
 
 
 def _save_atomic(obj: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as tmp:  # a kill mid-write leaves the old cache (or none), never half a file
         torch.save(obj, tmp)
-        os.replace(tmp, path)  # a kill mid-write leaves the old cache (or none), never half a file
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _render_all(tokenizer, convs: list[Conversation], max_length: int, desc: str, tally: dict) -> list[Sample]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from draftsmith.atomic import atomic_write
 from draftsmith.errors import ConfigError
 from draftsmith.generate import iter_generate, resolve_backend
 from draftsmith.train.data.conversations import read_conversations
@@ -58,9 +59,7 @@ def load_done(out: Path) -> dict[str, dict]:
             if isinstance(rec, dict) and "id" in rec and rec["id"] not in done:
                 done[rec["id"]] = rec
                 good.append(line if line.endswith(b"\n") else line + b"\n")
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(b"".join(good))
-    os.replace(tmp, out)
+    atomic_write(out, b"".join(good))
     return done
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.atomic import atomic_write, atomic_write_json
 from draftsmith.errors import ConfigError, handle_errors
 from draftsmith.train.build import build_run
 from draftsmith.train.config import compose_config, validate_config
@@ -37,10 +38,11 @@ from draftsmith.train.features.shards import (
     DTYPES,
     FAMILY_FIELDS,
     FORMAT,
+    HELDOUT_DIR,
+    HELDOUT_FIELDS,
+    INT_FIELDS,
     VERSION,
     ShardError,
-    atomic_write,
-    atomic_write_json,
     fingerprint_differences,
     fingerprint_sha1,
     fmt_size,
@@ -67,7 +69,7 @@ def feature_rows(target, samples, indices: list[int], fields, dtype: torch.dtype
     batch = collate([samples[i] for i in indices], pad_id)
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     none = torch.zeros(0, dtype=torch.long, device=device)  # no logits: rebuilt from `last` at training time
-    f = target.features(ids, mask, none)
+    f = target.features(ids, mask, none, full_top="top" in fields)
     rows = []
     for b, i in enumerate(indices):
         n = len(samples[i].input_ids)
@@ -78,7 +80,7 @@ def feature_rows(target, samples, indices: list[int], fields, dtype: torch.dtype
             "conv_id": samples[i].conv_id,
         }
         for k in fields:
-            row[k] = getattr(f, k)[b, :n].to("cpu", dtype)  # [n, D]
+            row[k] = getattr(f, k)[b, :n].to("cpu", INT_FIELDS.get(k, dtype))  # [n, D] ([n] for top)
         rows.append(row)
     return rows
 
@@ -100,18 +102,21 @@ def dir_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
 
 
-def header_for(cfg, target, tokenizer, data, vocab, dtype: torch.dtype, compression: str = "none") -> dict:
+def header_for(
+    cfg, target, tokenizer, data, vocab, dtype: torch.dtype, compression: str = "none", split: str = "train"
+) -> dict:
     family = cfg.head.family
     if family not in FAMILY_FIELDS:
         raise ValueError(f"head.family={family!r}: expected one of {sorted(FAMILY_FIELDS)}")
-    fp = run_fingerprint(cfg, target, data.train, tokenizer)
+    fp = run_fingerprint(cfg, target, data.train if split == "train" else data.heldout, tokenizer)
     H = target.config.hidden_size
     d2t = vocab.d2t.cpu().numpy().tobytes() if vocab is not None else b""
     return {
         "format": FORMAT,
         "version": VERSION,
         "family": family,
-        "fields": list(FAMILY_FIELDS[family]),
+        "fields": list(FAMILY_FIELDS[family]) + (list(HELDOUT_FIELDS) if split == "heldout" else []),
+        "split": split,
         "dtype": DTYPE_NAMES[dtype],
         "compression": compression,
         "hidden_size": H,
@@ -225,8 +230,12 @@ def extract(
     inputs=None,
     compression: str = "none",
     accelerator=None,
+    split: str = "train",
 ) -> dict:
     """Extract (or finish extracting) the features of `cfg`'s training samples into `out`; returns a summary.
+
+    Then the held-out samples' into `out/heldout` (with the target's full-vocab argmax per token), so a run
+    training from these features evaluates from disk too and needs no decoder layer of the target.
 
     Args:
         inputs: (target, tokenizer, data, vocab) already built for `cfg` (bench/extract.py reuses one load).
@@ -249,9 +258,9 @@ def extract(
             cfg, device, root if main else None, log=log if main else (lambda *a: None)
         )
     target.to(device)
-    store_dtype = next(target.model.parameters()).dtype if dtype == "auto" else DTYPES[dtype]
-    header = header_for(cfg, target, tokenizer, data, vocab, store_dtype, compression)
-    fields, samples = tuple(header["fields"]), data.train
+    store_dtype = target.dtype if dtype == "auto" else DTYPES[dtype]
+    header = header_for(cfg, target, tokenizer, data, vocab, store_dtype, compression, split)
+    fields, samples = tuple(header["fields"]), data.train if split == "train" else data.heldout
 
     if (root / "manifest.json").is_file():
         check_compatible(load_manifest(root), header, root)  # every rank checks: all fail alike, none hangs
@@ -277,10 +286,12 @@ def extract(
     dir0 = dir_bytes(root)
     share = None if budget is None else (budget - dir0) // world  # this rank's part of what is left
     per_token = (
-        sum(manifest["aux_dim"] if f == "aux" else manifest["hidden_size"] for f in fields) * store_dtype.itemsize
+        sum({"aux": manifest["aux_dim"], "last": manifest["hidden_size"]}.get(f, 0) for f in fields)
+        * store_dtype.itemsize
+        + sum(INT_FIELDS[f].itemsize for f in fields if f in INT_FIELDS)
         + 4
         + 1
-    )  # features + int32 id + uint8 mask
+    )  # features (+ int32 top) + int32 id + uint8 mask
     if manifest["covered_tokens"]:
         per_token = manifest["bytes"] / manifest["covered_tokens"]  # measured: includes headers
 
@@ -410,6 +421,20 @@ def extract(
                 + f"\n  the manifest records the {summary['covered_samples']} covered samples; re-run with a larger "
                 "--max-disk to continue, or train with data.features=stream"
             )
+    if split == "train" and summary["complete"] and data.heldout:  # small: no budget, same dtype and resumability
+        held = extract(
+            cfg,
+            root / HELDOUT_DIR,
+            None,
+            DTYPE_NAMES[store_dtype],
+            shard_size,
+            log,
+            (target, tokenizer, data, vocab),
+            "none",
+            state,
+            split="heldout",
+        )
+        summary["heldout"] = {k: held[k] for k in ("dir", "covered_samples", "num_samples", "bytes", "complete")}
     return summary
 
 
@@ -463,20 +488,27 @@ def run_main(p: argparse.ArgumentParser, args) -> int:
 
 
 def run_validate(root: str, overrides: list[str]) -> int:
-    run_fp = samples = None
+    """`draftsmith extract --validate DIR [overrides]`: the training shards, then the held-out ones if present."""
+    cfg = data = target = tokenizer = None
     if overrides:
         cfg = compose_config(overrides)
         target, tokenizer, data, _ = build_run(cfg, torch.device("cpu"), None, log=lambda *a: None)
-        run_fp, samples = run_fingerprint(cfg, target, data.train, tokenizer), data.train
-    manifest, problems, notes = validate(root, run_fp, samples)
-    for n in notes:
-        print(f"note: {n}")
-    for pr in problems:
-        print(f"BAD: {pr}")
-    print(
-        f"{root}: {len(manifest['shards'])} shards, {manifest['covered_samples']}/"
-        f"{manifest['fingerprint']['data']['num_samples']} samples, {manifest['covered_tokens']} tokens, "
-        f"{fmt_size(manifest['bytes'])}, {manifest['family']} {manifest['dtype']}: "
-        + ("OK" if not problems else f"{len(problems)} problem(s)")
-    )
-    return 1 if problems else 0
+    bad = 0
+    for where, samples in ((Path(root), data and data.train), (Path(root) / HELDOUT_DIR, data and data.heldout)):
+        if where.name == HELDOUT_DIR and not (where / "manifest.json").is_file():
+            print(f"note: {where}: no held-out features (extracted before they were stored, or no held-out samples)")
+            continue
+        run_fp = run_fingerprint(cfg, target, samples, tokenizer) if data is not None else None
+        manifest, problems, notes = validate(where, run_fp, samples if data is not None else None)
+        for n in notes:
+            print(f"note: {n}")
+        for pr in problems:
+            print(f"BAD: {pr}")
+        print(
+            f"{where}: {len(manifest['shards'])} shards, {manifest['covered_samples']}/"
+            f"{manifest['fingerprint']['data']['num_samples']} samples, {manifest['covered_tokens']} tokens, "
+            f"{fmt_size(manifest['bytes'])}, {manifest['family']} {manifest['dtype']}: "
+            + ("OK" if not problems else f"{len(problems)} problem(s)")
+        )
+        bad += len(problems)
+    return 1 if bad else 0

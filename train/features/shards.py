@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import zlib
 from array import array
@@ -33,11 +32,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 
+from draftsmith.atomic import atomic_write_json
 from draftsmith.errors import DraftsmithError
 
 FORMAT, VERSION = "draftsmith-features", 1
 # what each head family needs per token besides input_ids and loss_mask
 FAMILY_FIELDS = {"eagle3": ("aux", "last"), "mlp_speculator": ("last",)}
+# held-out shards also keep the target's full-vocab argmax per token, so eval needs no lm_head beyond the draft rows
+HELDOUT_FIELDS = ("top",)
+INT_FIELDS = {"top": torch.int32}  # stored as is: never cast to the feature dtype, never compressed
+HELDOUT_DIR = "heldout"  # FEATURES_DIR/heldout: the held-out samples' features, a features directory of its own
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 SHARD_RE = re.compile(r"^shard-r(\d{5})-(\d{6})\.safetensors$")
@@ -88,35 +92,6 @@ def fmt_size_up(n: int) -> str:
     return f"{n}B"
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """tmp file in the same dir + fsync + rename + fsync of the dir: after a crash, the old file or the new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode())
-
-
 # ---------------------------------------------------------------------------------------------------- fingerprints
 
 
@@ -137,12 +112,10 @@ def target_fingerprint(target) -> dict:
     skip = {"_name_or_path", "dtype", "torch_dtype", "transformers_version", "_attn_implementation_autoset"}
     config = {k: v for k, v in target.config.to_dict().items() if k not in skip and not k.startswith("_attn")}
     h = hashlib.sha1()
-    for name, p in sorted(target.model.named_parameters()):
-        flat = p.detach().reshape(-1)
-        ends = torch.cat([flat[:1024], flat[-1024:]]).to(torch.bfloat16).cpu()
-        h.update(f"{name}:{tuple(p.shape)}".encode())
+    for name, shape, ends in target.weight_ends():  # TargetEnds reads the same values from the checkpoint alone
+        h.update(f"{name}:{shape}".encode())
         h.update(ends.view(torch.int16).numpy().tobytes())
-    dtype = next(target.model.parameters()).dtype
+    dtype = target.dtype
     return {
         "config_sha1": _sha1(json.dumps(config, sort_keys=True, default=str).encode()),
         "weights_sha1": h.hexdigest(),
@@ -408,7 +381,7 @@ def decompress_field(blob: torch.Tensor, shape: list[int], dtype: torch.dtype) -
 def read_field(h, key: str, dtype: torch.dtype) -> torch.Tensor:
     """A feature field of an open shard, whole, decompressed if the shard says it is compressed."""
     meta = h.metadata() or {}
-    if meta.get("compression", "none") == "none":
+    if meta.get("compression", "none") == "none" or key in INT_FIELDS:
         return h.get_tensor(key)
     return decompress_field(h.get_tensor(key), json.loads(meta[f"{key}_shape"]), dtype)
 
@@ -432,6 +405,9 @@ def pack_shard(
     }
     meta = {**meta, "conv_ids": json.dumps([r.get("conv_id", "") for r in rows]), "compression": compression}
     for f in fields:
+        if f in INT_FIELDS:
+            tensors[f] = torch.cat([r[f] for r in rows]).to(INT_FIELDS[f]).contiguous()  # [N]
+            continue
         t = torch.cat([r[f] for r in rows]).to(dtype).contiguous()  # [N, D]
         if compression == "zlib":
             meta[f"{f}_shape"] = json.dumps(list(t.shape))
@@ -572,6 +548,10 @@ def validate(root, run_fp: dict | None = None, samples=None) -> tuple[dict, list
                 t = read_field(h, k, dtype)
             except (zlib.error, KeyError, ValueError, RuntimeError) as e:
                 problems.append(f"{where}: {k} does not decompress ({type(e).__name__}: {e})")
+                continue
+            if k in INT_FIELDS:
+                if list(t.shape) != [N] or t.dtype != INT_FIELDS[k]:
+                    problems.append(f"{where}: {k} is {t.dtype} {list(t.shape)}, expected {INT_FIELDS[k]} [{N}]")
                 continue
             if list(t.shape) != [N, widths[k]] or t.dtype != dtype:
                 problems.append(f"{where}: {k} is {t.dtype} {list(t.shape)}, expected {dtype} [{N}, {widths[k]}]")

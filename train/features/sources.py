@@ -38,7 +38,7 @@ class FeatureSource:
         self.disk, self.stream = disk, stream
         self.store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # sample index -> (aux [n, A], last [n, H])
         self.computed_tokens = 0  # tokens the target has run on (the rest came from the store)
-        self.dtype = next(target.parameters()).dtype  # what the target computes online
+        self.dtype = target.dtype  # what the target computes online
 
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b in self.store.values())
@@ -49,8 +49,8 @@ class FeatureSource:
             self.stream.close()
             self.computed_tokens = self.stream.stats["target_tokens"]
 
-    def _rows(self, indices: list[int], batch: dict) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-        """(aux [n, A] or None, last [n, H]) per sample of the batch, unpadded."""
+    def _rows(self, indices: list[int], batch: dict) -> list[tuple]:
+        """(aux [n, A] or None, last [n, H], top [n] or None) per sample of the batch, unpadded."""
         ids, mask = batch["input_ids"], batch["attention_mask"]
         lengths = mask.sum(1).tolist()
         if self.mode == "memory":
@@ -64,11 +64,11 @@ class FeatureSource:
                     n = int(lengths[b])
                     # clone: a slice would keep the whole batch tensor alive
                     self.store[indices[b]] = (f.aux[row, :n].cpu().clone(), f.last[row, :n].cpu().clone())
-            return [self.store[i] for i in indices]
+            return [(*self.store[i], None) for i in indices]
         if self.mode == "stream":
             rows = self.stream.take(indices)
             self.computed_tokens = self.stream.stats["target_tokens"]
-            return [(r.get("aux"), r["last"]) for r in rows]
+            return [(r.get("aux"), r["last"], None) for r in rows]
         out = []  # offline
         ids_cpu = ids.cpu()
         for b, i in enumerate(indices):
@@ -83,7 +83,7 @@ class FeatureSource:
                     f"{self.disk.root / r['shard']}: sample {i} holds other tokens than this run's sample "
                     f"{i} (run `draftsmith extract --validate {self.disk.root}` with this run's overrides)"
                 )
-            out.append((r.get("aux"), r["last"]))
+            out.append((r.get("aux"), r["last"], r["top"].long() if "top" in r else None))
         return out
 
     def __call__(self, indices: list[int], batch: dict) -> Features:
@@ -99,51 +99,73 @@ class FeatureSource:
         A = rows[0][0].shape[-1] if rows[0][0] is not None else 0  # no aux stored for an MLP speculator
         aux = torch.zeros(B, T, A, dtype=self.dtype)  # [B, T, n_aux*H]; padding rows are masked out of the loss
         last = torch.zeros(B, T, H, dtype=self.dtype)  # [B, T, H]
-        for b, (a, h) in enumerate(rows):
+        for b, (a, h, _) in enumerate(rows):
             if a is not None:
                 aux[b, : a.shape[0]] = a
             last[b, : h.shape[0]] = h
         aux, last = aux.to(device), last.to(device)
-        weight = self.target.lm_head.weight
-        logits = F.linear(last, weight if self.vocab_ids is None else weight[self.vocab_ids])  # [B, T, Vd]
-        return Features(aux=aux, last=last, logits=logits)
+        logits = F.linear(last, self.target.output_weight(self.vocab_ids))  # [B, T, Vd]
+        top = None
+        if rows[0][2] is not None:  # held-out shards keep the target's full-vocab argmax (exact eval accuracy)
+            top = torch.zeros(B, T, dtype=torch.long)  # [B, T]; padding rows are masked out
+            for b, (_, _, t) in enumerate(rows):
+                top[b, : t.shape[0]] = t
+            top = top.to(device)
+        return Features(aux=aux, last=last, logits=logits, top=top)
 
 
-def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=None, log=print) -> str:
+def features_complete(root, samples=None) -> bool:
+    """Whether `root` holds a finished extraction whose listed shards are all there (stat only); with `samples`,
+    also that it holds exactly these samples (the held-out split's check)."""
+    from draftsmith.train.features.shards import load_manifest, missing_shards, samples_fingerprint
+
+    root = Path(root)
+    if not (root / "manifest.json").is_file():
+        return False
+    manifest = load_manifest(root)  # the merged view: a kill between a rank part and the manifest is read right
+    same = samples is None or manifest["fingerprint"]["data"] == samples_fingerprint(samples)
+    return manifest["complete"] and same and not missing_shards(root, manifest)
+
+
+def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=None, log=print, load_whole=None) -> str:
     """data.features=offline without a features_dir: extract this run's features once into the cache, under
     features/<fingerprint of target, tokenizer and samples>-<head family>-<dtype>, or reuse them when an earlier
     run did. Returns the directory. Runs before training starts, so optim.max_minutes counts head training only;
-    resumable like `draftsmith extract` (a kill keeps the finished shards)."""
+    resumable like `draftsmith extract` (a kill keeps the finished shards).
+
+    Args:
+        target: the run's target; a TargetEnds (no decoder layers) is enough when the features exist already.
+        load_whole: () -> the whole target, called only when something must be extracted (then freed).
+    """
     from draftsmith.assets import cache_dir
     from draftsmith.train.features.extract import extract
     from draftsmith.train.features.shards import (
         DTYPE_NAMES,
         DTYPES,
+        HELDOUT_DIR,
         ShardError,
         fingerprint_sha1,
-        load_manifest,
-        missing_shards,
         run_fingerprint,
     )
 
     dtype = cfg.data.get("features_dtype", "auto")
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"data.features_dtype={dtype!r}: expected auto | {' | '.join(DTYPES)}")
-    name = DTYPE_NAMES[next(target.parameters()).dtype] if dtype == "auto" else dtype
+    name = DTYPE_NAMES[target.dtype] if dtype == "auto" else dtype
     digest = fingerprint_sha1(run_fingerprint(cfg, target, data.train, tokenizer))[:16]
     root = cache_dir() / "features" / f"{digest}-{cfg.head.family}-{name}"  # the families store different fields
-    # the merged view (manifest + every rank's part): a kill between a part and the manifest counts what it wrote;
     # a listed shard deleted since (a bad one, as the checksum error advises) sends the run back to extraction
-    if (root / "manifest.json").is_file():
-        manifest = load_manifest(root)
-        if manifest["complete"] and not missing_shards(root, manifest):
-            log(f"features: extracted earlier, {root}")
-            return str(root)
+    if features_complete(root) and (not data.heldout or features_complete(root / HELDOUT_DIR, data.heldout)):
+        log(f"features: extracted earlier, {root}")
+        return str(root)
     log(
-        f"features: extracting the target's features for {len(data.train)} training samples once, into {root} "
-        f"(not counted in optim.max_minutes; later runs with the same target and data reuse them)"
+        f"features: extracting the target's features for {len(data.train)} training and {len(data.heldout)} "
+        f"held-out samples once, into {root} (not counted in optim.max_minutes; later runs with the same target "
+        f"and data reuse them)"
     )
-    summary = extract(cfg, root, dtype=name, log=log, inputs=(target, tokenizer, data, vocab), accelerator=accelerator)
+    whole = load_whole() if load_whole is not None else target
+    summary = extract(cfg, root, dtype=name, log=log, inputs=(whole, tokenizer, data, vocab), accelerator=accelerator)
+    del whole  # the decoder layers are not needed past extraction
     if not summary["complete"]:
         why = "; ".join((summary["stopped"] or {}).values()) or "the extraction stopped early"
         raise ShardError(
@@ -225,9 +247,24 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
             data.train,
             lambda epoch: epoch_batches(data, cfg, epoch, rank, world),
             FAMILY_FIELDS[family],
-            next(target.parameters()).dtype,
+            target.dtype,
             budget,
             log=lambda *a: print(*a, flush=True) if accelerator.is_main_process else None,
         )
         return FeatureSource(target, vocab_ids, mode, stream=producer)
     return FeatureSource(target, vocab_ids, mode)  # raises: an unknown mode
+
+
+def heldout_feature_source(cfg, target, vocab_ids, data) -> FeatureSource | None:
+    """Held-out eval from disk: FEATURES_DIR/heldout when data.features=offline and it holds exactly this run's
+    held-out samples (extracted with the training ones since they carry the target's argmax); else None, and
+    held-out eval runs the target online."""
+    from draftsmith.train.features.shards import HELDOUT_DIR, ShardStore, load_manifest
+
+    root = cfg.data.get("features_dir")
+    if cfg.data.features != "offline" or not root or not data.heldout:
+        return None
+    held = Path(root) / HELDOUT_DIR
+    if not features_complete(held, data.heldout):
+        return None
+    return FeatureSource(target, vocab_ids, "offline", disk=ShardStore(held, load_manifest(held)))

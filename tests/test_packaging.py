@@ -1,5 +1,6 @@
 """A non-editable install (a wheel) carries conf/ and runs `draftsmith train` from any directory."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -9,9 +10,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_wheel_ships_the_configs_and_trains_from_any_directory(tmp_path):
+    src = tmp_path / "src"  # a clean copy: setuptools builds in-tree (build/), never in the checkout
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("draftsmith", "train", "export", "eval", "conf"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     p = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(src)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -35,7 +35,6 @@ from draftsmith.train.features.shards import (
     COMPRESSIONS,
     DTYPE_NAMES,
     DTYPES,
-    FAMILY_FIELDS,
     FORMAT,
     VERSION,
     ShardError,
@@ -57,6 +56,7 @@ from draftsmith.train.features.shards import (
     validate,
     write_manifest,
 )
+from draftsmith.train.heads import families
 
 
 @torch.no_grad()
@@ -101,17 +101,18 @@ def dir_bytes(root: Path) -> int:
 
 
 def header_for(cfg, target, tokenizer, data, vocab, dtype: torch.dtype, compression: str = "none") -> dict:
-    family = cfg.head.family
-    if family not in FAMILY_FIELDS:
-        raise ValueError(f"head.family={family!r}: expected one of {sorted(FAMILY_FIELDS)}")
+    family = families.get(cfg.head.family)
     fp = run_fingerprint(cfg, target, data.train, tokenizer)
     H = target.config.hidden_size
-    d2t = vocab.d2t.cpu().numpy().tobytes() if vocab is not None else b""
+    draft_vocab = None  # a family without a draft vocab (the MLP speculator) predicts over the target's
+    if vocab is not None:
+        d2t_sha1 = hashlib.sha1(vocab.d2t.cpu().numpy().tobytes()).hexdigest()
+        draft_vocab = {"size": cfg.head.draft_vocab_size, "d2t_sha1": d2t_sha1}
     return {
         "format": FORMAT,
         "version": VERSION,
-        "family": family,
-        "fields": list(FAMILY_FIELDS[family]),
+        "family": family.name,
+        "fields": list(family.fields),
         "dtype": DTYPE_NAMES[dtype],
         "compression": compression,
         "hidden_size": H,
@@ -119,7 +120,7 @@ def header_for(cfg, target, tokenizer, data, vocab, dtype: torch.dtype, compress
         "fingerprint": fp,
         "fingerprint_sha1": fingerprint_sha1(fp),
         # informational: the stored features do not depend on the draft vocab (logits are rebuilt per run)
-        "draft_vocab": {"size": cfg.head.draft_vocab_size, "d2t_sha1": hashlib.sha1(d2t).hexdigest()},
+        "draft_vocab": draft_vocab,
         "shards": [],
     }
 

@@ -16,6 +16,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from draftsmith.train.checkpoint import CheckpointError, check_head_fits_target
+from draftsmith.train.heads import families
 
 MODEL_FIELDS = (
     "architectures",
@@ -71,6 +72,17 @@ def exported_head_config(head_dir: str | os.PathLike) -> dict:
         or ""
     )
     return {**{k: v for k, v in out.items() if v is not None}, "target": {"name_or_path": verifier}}
+
+
+def exported_family(head_dir: str | os.PathLike) -> str:
+    """The head family of an exported dir: what its draftsmith.json records; an export made elsewhere has none, and
+    is told by its config.json (an HF MLPSpeculatorPreTrainedModel, else EAGLE-3)."""
+    head_dir = Path(head_dir)
+    recorded = _read_json(head_dir / "draftsmith.json").get("family")
+    if recorded:
+        return recorded
+    model_type = _read_json(head_dir / "config.json").get("model_type")
+    return "mlp_speculator" if model_type == "mlp_speculator" else families.UNRECORDED
 
 
 def _normalise(name: str) -> str:
@@ -179,9 +191,11 @@ def check_head_for_target(head: str | os.PathLike, target: str, target_config=No
         target_config = AutoConfig.from_pretrained(target)
     if (head / "config.json").is_file():
         config, what = exported_head_config(head), "exported"
+        family = exported_family(head)
     else:  # head.json alone: the tensors are not needed to tell which target it was trained for
         from draftsmith.train.checkpoint import resolve_checkpoint
 
-        config, what = _read_json(resolve_checkpoint(head) / "head.json").get("config") or {}, "trained"
-    check_head_fits_target(config, target_config, head)
+        meta = _read_json(resolve_checkpoint(head) / "head.json")
+        config, what, family = meta.get("config") or {}, "trained", meta.get("family", families.UNRECORDED)
+    check_head_fits_target(config, target_config, head, family)
     check_verifier((config.get("target") or {}).get("name_or_path") or "", target, head, what)

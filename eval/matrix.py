@@ -26,7 +26,6 @@ from draftsmith.eval.reference_decoder import (
     alpha_from_tau,
     decode_prompts,
     expected_speedup,
-    head_family,
     load_drafter,
     load_head_drafter,
 )
@@ -75,37 +74,22 @@ def _prepare_heads(heads: dict[str, str], target: str, out: Path, log, target_co
     """(name -> exported dir for vLLM, name -> {family, source, metrics, depth}); a head made for another target
     is refused first (`check_head_for_target`), a checkpoint before it is exported."""
     from draftsmith.eval.head_check import check_head_for_target
-    from draftsmith.train.checkpoint import load_head, resolve_checkpoint
+    from draftsmith.train.checkpoint import read_head, resolve_checkpoint
 
     served, info = {}, {}
     for name, path in heads.items():
         p = Path(path)
         check_head_for_target(p, target, target_config)
-        family = head_family(p)
+        family, cfg, state, metrics = read_head(p)  # metrics: a checkpoint's, kept for calibration ({} exported)
         if (p / "config.json").is_file():
-            served[name], metrics = str(p), {}
-            meta = json.loads((p / "draftsmith.json").read_text()) if (p / "draftsmith.json").is_file() else {}
-            cfg = meta.get("head_config", {})
-        else:  # a checkpoint: export it for vLLM, keep its training metrics for calibration
-            meta, state = load_head(resolve_checkpoint(p))
-            cfg, metrics = meta["config"], meta.get("metrics") or {}
+            served[name] = str(p)
+        else:  # a checkpoint: export it for vLLM
             dest = out / "heads" / name
-            if family == "mlp_speculator":
-                from draftsmith.export.mlp import export_mlp_speculator
-                from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
-
-                export_mlp_speculator(
-                    state, MLPSpeculatorConfig(**cfg), dest, verifier=target, target_config=target_config, source=p
-                )
-            else:
-                from draftsmith.export.vllm import export_eagle3
-                from draftsmith.train.heads.eagle3 import Eagle3Config
-
-                export_eagle3(state, Eagle3Config(**cfg), dest, verifier=target, target_config=target_config, source=p)
+            family.exporter(state, family.config(**cfg), dest, verifier=target, target_config=target_config, source=p)
             served[name] = str(dest)
-            log(f"exported head {name} ({family}) from {resolve_checkpoint(p)} -> {dest}")
+            log(f"exported head {name} ({family.name}) from {resolve_checkpoint(p)} -> {dest}")
         info[name] = {
-            "family": family,
+            "family": family.name,
             "source": str(p),
             "served_dir": served[name],
             "metrics": metrics,
@@ -178,7 +162,7 @@ def run_matrix(
         drafters = {}
         for name in names:
             if name in heads:
-                aux = _aux_ids(head_info[name], heads[name])
+                aux = _aux_ids(heads[name])
                 tgt = Target(model, aux or [0])  # aux states feed EAGLE-3 only; [0] is a cheap placeholder
                 drafters[name] = (load_head_drafter(name, heads[name], tgt)[0], tgt)
             else:
@@ -359,16 +343,11 @@ def _f(x, spec=".2f"):
     return "—" if x is None else format(x, spec)
 
 
-def _aux_ids(info: dict, path: str) -> list[int] | None:
-    if info["family"] != "eagle3":
-        return None
-    p = Path(path)
-    meta = json.loads((p / "draftsmith.json").read_text())["head_config"] if (p / "draftsmith.json").is_file() else None
-    if meta is None:
-        from draftsmith.train.checkpoint import load_head
+def _aux_ids(path: str) -> list[int] | None:
+    """The aux layer ids a head reads (None for a family without them: the MLP speculator reads the last state)."""
+    from draftsmith.train.checkpoint import read_head
 
-        meta = load_head(p)[0]["config"]
-    return meta["aux_layer_ids"]
+    return read_head(path)[1].get("aux_layer_ids")
 
 
 def _generation_eos(target: str) -> list[int]:

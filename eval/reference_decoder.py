@@ -23,7 +23,6 @@ Drafters share one small interface (`Drafter`): `start(prompt)`, `observe(start,
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -135,53 +134,20 @@ class Eagle3Drafter(HeadDrafter):
         self.start([])
 
     def start(self, prompt):
-        self.k_cache: torch.Tensor | None = None  # [1, nh, P, hd] committed rows' keys (rope applied, repeated)
-        self.v_cache: torch.Tensor | None = None
+        from draftsmith.train.heads.eagle3 import KVCache
+
+        self.cache = KVCache()  # the draft layer's keys/values of the committed rows
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output of the last committed row
         self.last_pos = -1
-
-    def _layer(self, tok: torch.Tensor, pos: torch.Tensor, prev: torch.Tensor, past: tuple | None):
-        """The draft layer on rows tok/pos [1, T], prev [1, T, H], attending to `past` keys + causal self.
-        Returns (output hidden [1, T, H], keys, values of these rows)."""
-        from draftsmith.train.heads.eagle3 import apply_rope, rope_cos_sin
-
-        head = self.head
-        layer = head.layers[0]
-        attn = layer.self_attn
-        residual = prev
-        hidden = layer.hidden_norm(prev)
-        if layer.norm_before_residual:
-            residual = hidden
-        x = torch.cat([layer.input_layernorm(head.embed_tokens(tok).to(prev.dtype)), hidden], dim=-1)  # [1, T, 2H]
-        T = x.shape[1]
-        q = attn.q_proj(x).view(1, T, attn.nh, attn.hd).transpose(1, 2)  # [1, nh, T, hd]
-        k = attn.k_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)  # [1, nkv, T, hd]
-        v = attn.v_proj(x).view(1, T, attn.nkv, attn.hd).transpose(1, 2)
-        cos, sin = rope_cos_sin(pos, attn.hd, attn.theta, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        rep = attn.nh // attn.nkv
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [1, nh, T, hd]
-        P = 0 if past is None else past[0].shape[2]
-        K = k if past is None else torch.cat([past[0], k], dim=2)  # [1, nh, P+T, hd]
-        V = v if past is None else torch.cat([past[1], v], dim=2)
-        mask = torch.ones(T, P + T, dtype=torch.bool).tril(diagonal=P)  # row i sees past + rows <= i
-        o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)  # [1, nh, T, hd]
-        residual = residual + attn.o_proj(o.transpose(1, 2).reshape(1, T, -1))
-        out = residual + layer.mlp(layer.post_attention_layernorm(residual))  # [1, T, H]
-        return out, k, v
 
     @torch.no_grad()
     def observe(self, start, next_tokens, feats):
         n = len(next_tokens)
         assert start == self.last_pos + 1, f"rows must arrive in order: expected {self.last_pos + 1}, got {start}"
-        dtype = self.head.fc.weight.dtype
         tok = torch.tensor([next_tokens])  # [1, n]
         pos = torch.arange(start, start + n)[None]  # [1, n]
-        hidden = self.head.fuse(feats.aux[-n:].to(dtype)[None])  # [1, n, H]
-        past = None if self.k_cache is None else (self.k_cache, self.v_cache)
-        out, k, v = self._layer(tok, pos, hidden, past)
-        self.k_cache = k if self.k_cache is None else torch.cat([self.k_cache, k], dim=2)
-        self.v_cache = v if self.v_cache is None else torch.cat([self.v_cache, v], dim=2)
+        hidden = self.head.fuse(feats.aux[-n:].to(self.head.fc.weight.dtype)[None])  # [1, n, H]
+        out = self.head(tok, pos, hidden, self.cache)  # [1, n, H]; the rows join the cache
         self.last_hidden = out[:, -1:]  # [1, 1, H]
         self.last_pos = start + n - 1
 
@@ -198,12 +164,11 @@ class Eagle3Drafter(HeadDrafter):
         assert self.last_pos == len(tokens) - 2, "observe() the newest rows before proposing"
         out, probs = [], []
         hidden = self.last_hidden
-        past = (self.k_cache, self.v_cache)
+        drafts = self.cache.fork()  # the draft steps' keys go here, never into the committed cache
         for s in range(k):
             if s > 0:  # draft step s at position last_pos + s: previous draft token + previous hidden
                 pos = torch.tensor([[self.last_pos + s]])
-                hidden, kk, vv = self._layer(torch.tensor([[out[-1]]]), pos, hidden, past)
-                past = (torch.cat([past[0], kk], dim=2), torch.cat([past[1], vv], dim=2))
+                hidden = self.head(torch.tensor([[out[-1]]]), pos, hidden, drafts)  # [1, 1, H]
             tok, q = self._draw(hidden, temperature, generator)
             out.append(tok)
             probs.append(q)
@@ -450,87 +415,19 @@ def decode_prompts(
 # ---------------------------------------------------------------- loading drafters
 
 
-def load_eagle3_head(path: str | Path, target: Target):
-    """An Eagle3Head from a training checkpoint / run dir (head.json) or an exported dir (draftsmith.json),
-    with the target's embedding installed. Returns (head, training metrics or {})."""
-    from safetensors.torch import load_file
-
-    from draftsmith.train.checkpoint import check_head_fits_target, load_head
-    from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
-
-    path = Path(path)
-    if (path / "draftsmith.json").is_file():
-        meta = json.loads((path / "draftsmith.json").read_text())
-        cfg, metrics = Eagle3Config(**meta["head_config"]), {}
-        state = {
-            ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v
-            for k, v in load_file(path / "model.safetensors").items()
-        }
-    else:
-        meta, state = load_head(path)
-        if meta.get("family", "eagle3") != "eagle3":
-            raise ValueError(f"{path}: a {meta.get('family')!r} head, not eagle3")
-        cfg, metrics = Eagle3Config(**meta["config"]), meta.get("metrics") or {}
-    check_head_fits_target(cfg.to_dict(), target.config, path)
-    head = Eagle3Head(cfg)
-    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
-    missing, unexpected = head.load_state_dict(state, strict=False)
-    allowed = {"embed_tokens.weight", "d2t", "t2d"}  # full-vocab exports omit the identity maps
-    if set(missing) - allowed or unexpected:
-        raise ValueError(
-            f"{path}: head tensors do not fit (missing {sorted(set(missing) - allowed)}, "
-            f"unexpected {sorted(unexpected)})"
-        )
-    head.embed_tokens.weight.data.copy_(target.embed_tokens.weight.float())
-    return head.to(next(target.model.parameters()).dtype), metrics
-
-
-def load_mlp_speculator(path: str | Path):
-    """An MLPSpeculator from a training checkpoint / run dir or an exported dir. Returns (head, metrics)."""
-    from safetensors.torch import load_file
-
-    from draftsmith.train.checkpoint import load_head
-    from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
-
-    path = Path(path)
-    if (path / "draftsmith.json").is_file():
-        meta = json.loads((path / "draftsmith.json").read_text())
-        cfg, metrics = MLPSpeculatorConfig(**meta["head_config"]), {}
-        state = {k[len("speculator.") :]: v for k, v in load_file(path / "model.safetensors").items()}
-    else:
-        meta, state = load_head(path)
-        cfg, metrics = MLPSpeculatorConfig(**meta["config"]), meta.get("metrics") or {}
-    head = MLPSpeculator(cfg)
-    head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-    missing = {k for k, _ in head.named_parameters()} - set(state)
-    if missing:
-        raise ValueError(f"{path}: MLP speculator tensors missing: {sorted(missing)}")
-    return head, metrics
-
-
-def head_family(path: str | Path) -> str:
-    """`eagle3` or `mlp_speculator`, from an exported dir (draftsmith.json) or a checkpoint (head.json)."""
-    from draftsmith.train.checkpoint import resolve_checkpoint
-
-    path = Path(path)
-    if (path / "draftsmith.json").is_file():
-        return json.loads((path / "draftsmith.json").read_text()).get("family", "eagle3")
-    return json.loads((resolve_checkpoint(path) / "head.json").read_text()).get("family", "eagle3")
-
-
 def load_head_drafter(
     name: str, path: str | Path, target: Target, draft_sampling: str = "greedy"
 ) -> tuple[Drafter, dict]:
-    """A trained head (EAGLE-3 or MLP speculator) as a drafter, with its training metrics ({} for exports)."""
-    dtype = next(target.model.parameters()).dtype
-    if head_family(path) == "mlp_speculator":
-        head, metrics = load_mlp_speculator(path)
-        from draftsmith.train.checkpoint import check_head_fits_target
+    """A trained head (checkpoint / run dir or exported dir, any family) as its family's drafter, checked against
+    the target first; returns it with the head's training metrics ({} for exports)."""
+    from draftsmith.train.checkpoint import check_head_fits_target, head_from_state, read_head
 
-        check_head_fits_target(head.config.to_dict(), target.config, path)
-        return MLPSpeculatorDrafter(head.to(dtype), draft_sampling=draft_sampling, name=name), metrics
-    head, metrics = load_eagle3_head(path, target)
-    return Eagle3Drafter(head, draft_sampling=draft_sampling, name=name), metrics
+    family, config, state, metrics = read_head(path)
+    check_head_fits_target(config, target.config, path, family.name)
+    head = head_from_state(family, config, state, path)
+    head.attach_target(target)
+    head = head.to(next(target.model.parameters()).dtype)
+    return family.drafter(head, draft_sampling=draft_sampling, name=name), metrics
 
 
 def load_drafter(

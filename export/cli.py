@@ -16,11 +16,9 @@ import sys
 
 from draftsmith.errors import handle_errors
 from draftsmith.export.destination import check_export_destination
-from draftsmith.export.mlp import export_mlp_speculator
-from draftsmith.export.vllm import ExportError, export_eagle3
+from draftsmith.export.vllm import ExportError
 from draftsmith.train.checkpoint import load_head, resolve_checkpoint
-from draftsmith.train.heads.eagle3 import Eagle3Config
-from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
+from draftsmith.train.heads import families
 
 
 def parser() -> argparse.ArgumentParser:
@@ -77,10 +75,8 @@ def export(args) -> int:
     sources = [args.checkpoint, ckpt]  # the run dir given and the checkpoint it resolves to: neither may be OUT
     check_export_destination(sources, args.out, force=args.force)
     meta, state = load_head(ckpt)
-    family = meta.get("family")
-    if family not in ("eagle3", "mlp_speculator"):
-        raise ExportError(f"{ckpt} holds a {family!r} head; export knows eagle3 and mlp_speculator heads")
-    cfg = Eagle3Config(**meta["config"]) if family == "eagle3" else MLPSpeculatorConfig(**meta["config"])
+    family = families.get(meta.get("family", families.UNRECORDED), where=ckpt / "head.json")
+    cfg = family.config(**meta["config"])
     verifier = args.target or cfg.target.get("name_or_path") or ""
     target_config = None
     if verifier:
@@ -90,33 +86,21 @@ def export(args) -> int:
         if os.path.isdir(verifier):  # recorded for eval's check and `vllm serve DIR`: valid from any directory
             verifier = os.path.abspath(verifier)
         target_config = _target_config(verifier)
+    options = {k: getattr(args, k) for k in family.export_options}  # EAGLE-3: --dialect, --k
     try:
-        if family == "mlp_speculator":  # the HF MLPSpeculatorPreTrainedModel directory (one dialect)
-            out = export_mlp_speculator(
-                state,
-                cfg,
-                args.out,
-                verifier=verifier,
-                dtype=args.dtype,
-                target_config=target_config,
-                source=sources,
-                force=args.force,
-            )
-        else:
-            out = export_eagle3(
-                state,
-                cfg,
-                args.out,
-                verifier=verifier,
-                dialect=args.dialect,
-                k=args.k,
-                dtype=args.dtype,
-                target_config=target_config,
-                source=sources,
-                force=args.force,
-            )
+        out = family.exporter(
+            state,
+            cfg,
+            args.out,
+            verifier=verifier,
+            dtype=args.dtype,
+            target_config=target_config,
+            source=sources,
+            force=args.force,
+            **options,
+        )
     except ExportError as e:
         raise ExportError(f"{ckpt}: {e}") from None
-    kind = args.dialect + " dialect" if family == "eagle3" else "MLPSpeculatorPreTrainedModel"
+    kind = ", ".join([family.name] + [f"{k}={v}" for k, v in options.items() if v is not None])
     print(f"exported {ckpt} -> {out} ({kind}, contracts checked)")
     return 0

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from draftsmith.atomic import atomic_dir
 from draftsmith.export.destination import check_export_destination
 from draftsmith.export.vllm import ExportError
-from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig
+from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig, target_problems
 
 ARCH = "MLPSpeculatorPreTrainedModel"
 CONFIG_KEYS = {
@@ -66,11 +66,7 @@ def hf_config(cfg: MLPSpeculatorConfig, dtype: str) -> dict:
 
 
 def check_target(cfg: MLPSpeculatorConfig, target_config) -> None:
-    problems = []
-    if target_config.vocab_size != cfg.vocab_size:
-        problems.append(f"vocab_size {target_config.vocab_size} != speculator's {cfg.vocab_size}")
-    if target_config.hidden_size != cfg.emb_dim:
-        problems.append(f"hidden_size {target_config.hidden_size} != speculator's emb_dim {cfg.emb_dim}")
+    problems = target_problems(cfg.to_dict(), target_config)
     if problems:
         raise ExportError("speculator does not match the target: " + "; ".join(problems))
 
@@ -141,3 +137,11 @@ def export_mlp_speculator(
         )
         validate_mlp_export(tmp, target_config)  # an export that fails its own contract never replaces a good one
     return out_dir
+
+
+def read_export(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(head config, tensors under the checkpoint keys) of an exported directory."""
+    out_dir = Path(out_dir)
+    config = json.loads((out_dir / "draftsmith.json").read_text())["head_config"]
+    prefix = "speculator."
+    return config, {k[len(prefix) :]: v for k, v in load_file(out_dir / "model.safetensors").items()}

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from draftsmith.atomic import atomic_dir
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.destination import check_export_destination
-from draftsmith.train.heads.eagle3 import Eagle3Config
+from draftsmith.train.heads.eagle3 import Eagle3Config, target_problems
 
 SPECULATORS_ARCH = "Eagle3DraftModel"  # as speculators >= 0.9 writes it; vLLM keys on speculators_model_type
 NATIVE_ARCH = "LlamaForCausalLMEagle3"
@@ -153,18 +153,7 @@ def check_vocab_maps(d2t: torch.Tensor, t2d: torch.Tensor, cfg: Eagle3Config) ->
 
 def check_target(cfg: Eagle3Config, target_config) -> None:
     """Refuse a head trained for another target: sizes, layer count and aux ids must fit."""
-    problems = []
-    if target_config.vocab_size != cfg.vocab_size:
-        problems.append(f"vocab_size {target_config.vocab_size} != head's {cfg.vocab_size}")
-    if target_config.hidden_size != cfg.target_hidden_size:
-        problems.append(
-            f"hidden_size {target_config.hidden_size} != head's target_hidden_size {cfg.target_hidden_size}"
-        )
-    n = target_config.num_hidden_layers
-    if cfg.target.get("num_hidden_layers") not in (None, n):
-        problems.append(f"num_hidden_layers {n} != {cfg.target['num_hidden_layers']} the head was trained on")
-    if max(cfg.aux_layer_ids) >= n:
-        problems.append(f"aux layer ids {cfg.aux_layer_ids} out of range for {n} layers")
+    problems = target_problems(cfg.to_dict(), target_config)
     if problems:
         raise ExportError("head does not match the target: " + "; ".join(problems))
 
@@ -271,3 +260,18 @@ def export_eagle3(
         )
         validate_export(tmp, target_config)  # an export that fails its own contract never replaces a good one
     return out_dir
+
+
+def read_export(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(head config, tensors under the checkpoint keys) of an exported directory, either dialect; a full-vocab
+    head's identity d2t/t2d, which export leaves out for vLLM, are put back."""
+    out_dir = Path(out_dir)
+    config = json.loads((out_dir / "draftsmith.json").read_text())["head_config"]
+    state = {
+        ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v
+        for k, v in load_file(out_dir / "model.safetensors").items()
+    }
+    if "d2t" not in state and config["draft_vocab_size"] == config["vocab_size"]:
+        state["d2t"] = torch.zeros(config["draft_vocab_size"], dtype=torch.long)
+        state["t2d"] = torch.ones(config["vocab_size"], dtype=torch.bool)
+    return config, state

@@ -138,7 +138,7 @@ def test_export_round_trip_and_refusals(tmp_path, tie):
     assert torch.equal(back.propose(state, token), head.propose(state, token))
 
     other = LlamaConfig(vocab_size=96, hidden_size=48, num_hidden_layers=2, num_attention_heads=2)
-    with pytest.raises(ExportError, match="vocab_size 96"):
+    with pytest.raises(ExportError, match="vocab_size head=97 target=96"):
         export_mlp_speculator(head.trainable_state_dict(), cfg, tmp_path / "y", target_config=other)
     assert not (tmp_path / "y").exists()
     tensors = load_file(out / "model.safetensors")

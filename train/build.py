@@ -16,6 +16,7 @@ from draftsmith.train.data.conversations import DataError
 from draftsmith.train.data.dataset import prepare_data
 from draftsmith.train.data.render import special_ids
 from draftsmith.train.data.vocab import build_draft_vocab
+from draftsmith.train.heads import families
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target, TargetEnds
 
@@ -113,21 +114,14 @@ def build_target(cfg, device: torch.device, ends_only: bool = False) -> tuple[Ta
     return Target.from_pretrained(path, cfg.aux_layer_ids, dtype=dtype), path
 
 
-def build_head(cfg, target: Target, vocab) -> Eagle3Head:
-    if cfg.family == "mlp_speculator":
-        return build_mlp_speculator(cfg, target)
-    if cfg.family != "eagle3":
-        raise ConfigError(f"head.family={cfg.family!r}: expected eagle3 | mlp_speculator")
-    hcfg = Eagle3Config.from_target(
-        target.config,
-        cfg.draft_vocab_size,
-        target.aux_layer_ids,
-        ttt_steps=cfg.ttt_steps,
-        norm_before_residual=cfg.norm_before_residual,
-        intermediate_size=cfg.intermediate_size,
-    )
-    head = Eagle3Head(hcfg)
-    head.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
+def build_head(cfg, target: Target, vocab):
+    """A fresh head of head.family for this target (`vocab`: the draft vocab, None for a family without one)."""
+    return families.get(cfg.family).build(cfg, target, vocab)
+
+
+def build_eagle3(cfg, target: Target, vocab) -> Eagle3Head:
+    head = Eagle3Head(Eagle3Config.from_run(cfg, target.config, target.aux_layer_ids))
+    head.attach_target(target)
     head.set_vocab(vocab.d2t, vocab.t2d)
     if cfg.init == "target":
         warm_start(head, target)
@@ -215,7 +209,8 @@ def resolve_data_cfg(data_cfg, target_path: str):
 
 
 def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
-    """Prepared (cached) data plus the draft vocab from its supervised-token counts."""
+    """Prepared (cached) data plus, for a family that drafts over one, the draft vocab from its supervised-token
+    counts (None otherwise)."""
     data_cfg = resolve_data_cfg(cfg.data, tokenizer.name_or_path)
     if (
         len(tokenizer) > cfg.target.vocab_size
@@ -236,24 +231,25 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
             f"data problems (skipped records are not trained on):\n{data.stats['read']}"
             + ("\nrendering: " + ", ".join(f"{k}={v}" for k, v in render.items()) if render else "")
         )
-    pinned = sorted(special_ids(tokenizer))
-    vocab = build_draft_vocab(data.counts, cfg.head.draft_vocab_size, pinned_ids=pinned)
-    coverage = vocab.coverage(data.counts)
+    vocab, stats, line = None, dict(data.stats), ""
+    if families.get(cfg.head.family).draft_vocab:
+        pinned = sorted(special_ids(tokenizer))
+        vocab = build_draft_vocab(data.counts, cfg.head.draft_vocab_size, pinned_ids=pinned)
+        stats["draft_vocab_coverage"] = coverage = vocab.coverage(data.counts)
+        line = f"; draft vocab {cfg.head.draft_vocab_size} covers {coverage:.2%}"
     log(
         f"data: {len(data.train)} train / {len(data.heldout)} held-out samples, "
-        f"{int(data.counts.sum())} supervised tokens; draft vocab {cfg.head.draft_vocab_size} covers {coverage:.2%}"
+        f"{int(data.counts.sum())} supervised tokens{line}"
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "heldout_prompts.jsonl", "w") as f:
         for p in data.heldout_prompts:
             f.write(json.dumps(p) + "\n")
-    (run_dir / "data_stats.json").write_text(
-        json.dumps({**data.stats, "draft_vocab_coverage": coverage}, indent=2, default=str)
-    )
+    (run_dir / "data_stats.json").write_text(json.dumps(stats, indent=2, default=str))
     return data, vocab
 
 
-def build_mlp_speculator(cfg, target: Target):
+def build_mlp_speculator(cfg, target: Target, vocab=None):
     """An MLP speculator for the target; from `init_from` (stage 2 continues stage 1) or fresh.
 
     init=output starts each head from the target's lm_head and each stage's embedding from the target's
@@ -262,13 +258,7 @@ def build_mlp_speculator(cfg, target: Target):
     from draftsmith.train.checkpoint import load_head
     from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 
-    hcfg = MLPSpeculatorConfig.from_target(
-        target.config,
-        inner_dim=cfg.inner_dim,
-        n_predict=cfg.n_predict,
-        tie_weights=cfg.tie_weights,
-        scale_input=cfg.scale_input,
-    )
+    hcfg = MLPSpeculatorConfig.from_run(cfg, target.config)
     head = MLPSpeculator(hcfg)
     if cfg.init_from:
         meta, state = load_head(cfg.init_from)
@@ -296,7 +286,8 @@ def build_mlp_speculator(cfg, target: Target):
 
 
 def build_run(cfg, device, stats_dir: Path | None, log=print, ends_only: bool = False):
-    """Target, tokenizer, training data and draft vocab of a run: what training and `draftsmith extract` share.
+    """Target, tokenizer, training data and draft vocab (None for a family without one) of a run: what training
+    and `draftsmith extract` share.
 
     `stats_dir` receives data_stats.json and heldout_prompts.jsonl (None: a temporary dir, e.g. other ranks).
     """
@@ -311,7 +302,7 @@ def build_run(cfg, device, stats_dir: Path | None, log=print, ends_only: bool = 
     else:
         with tempfile.TemporaryDirectory(prefix="draftsmith-extract-") as tmp:
             data, vocab = build_data_and_vocab(cfg, tokenizer, Path(tmp), log=log)
-    if cfg.head.family == "mlp_speculator" and cfg.head.stage == 2:  # the target's own continuations
+    if families.get(cfg.head.family).stage2 and cfg.head.stage == 2:  # the target's own continuations
         from draftsmith.train.data.continuations import build_stage2_data
 
         data = build_stage2_data(cfg, data, target_path, cache_dir(), log=log)

@@ -273,25 +273,14 @@ def check_same_head(meta: dict, config: dict, ckpt) -> None:
         )
 
 
-def check_head_fits_target(config: dict, target_config, where) -> None:
+def check_head_fits_target(config: dict, target_config, where, family: str) -> None:
     """Refuse to pair a head with a target it was not made for (before a shape error deep inside torch).
 
-    `config` is a head config: training's, or one read back from an exported dir; a size it lacks is not checked."""
-    want = {
-        "vocab_size": target_config.vocab_size,
-        "target_hidden_size": target_config.hidden_size,  # EAGLE-3
-        "emb_dim": target_config.hidden_size,
-    }  # MLP speculator
-    problems = [
-        f"{k} head={config[k]} target={v}" for k, v in want.items() if config.get(k) is not None and config[k] != v
-    ]
-    draft = config.get("draft_vocab_size")
-    if draft is not None and draft > target_config.vocab_size:
-        problems.append(f"draft_vocab_size head={draft} above the target's vocab_size {target_config.vocab_size}")
-    n = target_config.num_hidden_layers
-    bad_aux = [i for i in config.get("aux_layer_ids") or [] if not 0 <= i < n]
-    if bad_aux:
-        problems.append(f"aux layers {bad_aux} beyond {n}")
+    `config` is a head config: training's, or one read back from an exported dir; a size it lacks is not checked.
+    What must fit is the family's own `target_problems` (train/heads/families.py)."""
+    from draftsmith.train.heads import families
+
+    problems = families.get(family).target_problems(config, target_config)
     if problems:
         trained_on = (config.get("target") or {}).get("name_or_path") or "another target"
         raise CheckpointError(
@@ -299,3 +288,37 @@ def check_head_fits_target(config: dict, target_config, where) -> None:
             + ", ".join(problems)
             + ". Pair it with the target it was made for."
         )
+
+
+def read_head(path: str | os.PathLike):
+    """(family, config dict, tensors under the checkpoint keys, training metrics) of a head: a checkpoint or run
+    dir (head.json) or an exported dir (draftsmith.json; its family's `read_export`, metrics {}).
+
+    A head that records no family is EAGLE-3 (the only family before MLP speculators)."""
+    from draftsmith.train.heads import families
+
+    path = Path(path)
+    if (path / "draftsmith.json").is_file():
+        recorded = json.loads((path / "draftsmith.json").read_text()).get("family", families.UNRECORDED)
+        family = families.get(recorded, where=path / "draftsmith.json")
+        config, state = family.read_export(path)
+        return family, config, state, {}
+    meta, state = load_head(path)
+    family = families.get(meta.get("family", families.UNRECORDED), where=resolve_checkpoint(path) / "head.json")
+    return family, meta["config"], state, meta.get("metrics") or {}
+
+
+def head_from_state(family, config: dict, state: dict[str, torch.Tensor], where):
+    """The family's module built from `config` with `state` loaded (fp32); every tensor it trains must be there.
+
+    Tensors it does not save (a frozen borrowed embedding, tied stages' copies) may be absent; see `attach_target`."""
+    head = family.module(family.config(**config))
+    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    not_saved = set(head.state_dict()) - set(head.trainable_state_dict())
+    if set(missing) - not_saved or unexpected:
+        raise CheckpointError(
+            f"{where}: the {family.name} head's tensors do not fit its config (missing "
+            f"{sorted(set(missing) - not_saved)}, unexpected {sorted(unexpected)})"
+        )
+    return head

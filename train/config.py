@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from draftsmith.train.heads import families
+
 
 @dataclass
 class TargetConfig:
@@ -31,13 +33,17 @@ class TargetConfig:
 
 @dataclass
 class HeadConfig:
-    family: str = "eagle3"  # eagle3 | mlp_speculator
+    """Every head family's keys in one schema (a preset may override any of them whatever its family); which keys a
+    family reads, and its own checks, are its entry in train/heads/families.py (`keys`, `problems`)."""
+
+    family: str = "eagle3"  # eagle3 | mlp_speculator (train/heads/families.py)
+    init: str = "random"  # random | output (from the target's output side) | target (EAGLE-3: also its last layer)
+    # EAGLE-3 (family eagle3)
     draft_vocab_size: int = 32000
     ttt_steps: int = 7  # K: the head is unrolled K steps on its own outputs
     ttt_decay: float = 0.8  # step (EAGLE-3) / head (MLP speculator) i's loss weight is decay**i
     norm_before_residual: bool = False  # EAGLE-3 reference layout; exported explicitly either way
     intermediate_size: Optional[int] = None  # None = the target's
-    init: str = "random"  # random | output (target's norm + lm_head rows) | target (also its last layer, fc = top aux)
     # MLP speculator (family mlp_speculator): n_predict stages of width inner_dim (0 = the target's hidden size)
     n_predict: int = 3
     inner_dim: int = 0
@@ -129,8 +135,7 @@ class Config:
 
 
 CHOICES = {
-    "head.family": ("eagle3", "mlp_speculator"),
-    "head.init": ("random", "output", "target"),
+    "head.family": families.NAMES,
     "data.features": ("online", "memory", "offline", "stream"),
     "data.features_dtype": ("auto", "bf16", "fp16", "fp32"),
     "data.supervise": ("assistant", "all"),
@@ -176,19 +181,20 @@ def config_problems(cfg) -> list[str]:
     need("optim.max_minutes", lambda v: v is None or v > 0, "minutes of training, > 0, or null for no clock")
     need("optim.max_tokens", optional_min(1), "supervised tokens, >= 1, or null for no token budget")
     need("optim.grad_accum", lambda v: v >= 1, "micro-batches per optimizer step, >= 1")
-    need("head.ttt_steps", lambda v: v >= 1, "the head is unrolled at least 1 step (EAGLE-3 TTT depth)")
-    need("head.ttt_decay", lambda v: v > 0, "each step's loss weight is decay**i: must be > 0")
-    need("head.n_predict", lambda v: v >= 1, "MLP speculator stages, >= 1")
-    need("head.inner_dim", lambda v: v >= 0, "0 (the target's hidden size) or a width > 0")
-    need("head.stage", lambda v: v in (1, 2), "1 (input alignment) or 2 (output alignment, from head.init_from)")
-    need("head.intermediate_size", optional_min(1), "null (the target's) or >= 1")
-    if get("head.family") == "eagle3":
-        vocab = get("target.vocab_size")
-        need(
-            "head.draft_vocab_size",
-            lambda v: 1 <= v <= vocab,
-            f"the draft vocab is a subset of the target's {vocab} tokens: use 1..{vocab} (8,192-32,000 is usual)",
-        )
+    head_checks = {  # checked for the keys the run's head family reads (its `keys`)
+        "ttt_steps": (lambda v: v >= 1, "the head is unrolled at least 1 step (EAGLE-3 TTT depth)"),
+        "ttt_decay": (lambda v: v > 0, "each step's loss weight is decay**i: must be > 0"),
+        "n_predict": (lambda v: v >= 1, "MLP speculator stages, >= 1"),
+        "inner_dim": (lambda v: v >= 0, "0 (the target's hidden size) or a width > 0"),
+        "stage": (lambda v: v in (1, 2), "1 (input alignment) or 2 (output alignment, from head.init_from)"),
+        "intermediate_size": (optional_min(1), "null (the target's) or >= 1"),
+    }
+    family = families.FAMILIES.get(get("head.family"))  # an unknown one is named by the CHOICES check above
+    if family is not None:
+        for key in family.keys:
+            if key in head_checks:
+                need("head." + key, *head_checks[key])
+        problems += family.problems(cfg.head, get("target.vocab_size"))
     need("data.num_conversations", optional_min(1), "conversations to train on, >= 1, or null for all")
     need("data.heldout", lambda v: v >= 0, "held-out conversations, >= 0")
     need("data.max_length", lambda v: v >= 2, "tokens per sample, >= 2")
@@ -214,11 +220,6 @@ def config_problems(cfg) -> list[str]:
     need("eval_batches", lambda v: v >= 1, "held-out batches per eval, >= 1")
     need("stage2.num_prompts", lambda v: v >= 1, "prompts per temperature, >= 1")
     need("stage2.max_tokens", lambda v: v >= 1, "generated tokens per prompt, >= 1")
-    if get("head.family") == "mlp_speculator" and get("head.stage") == 2 and not get("head.init_from"):
-        problems.append(
-            "head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set "
-            "head.init_from=<stage-1 run dir>"
-        )
     resume = get("resume")
     if resume not in (None, "auto") and not os.path.isdir(str(resume)):
         problems.append(

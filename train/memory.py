@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import ConfigError
+from draftsmith.train.heads import families
 
 GiB = 1024**3
 LAYOUTS = {  # what each layout shards over the processes: (params, grads, optimizer state)
@@ -80,26 +81,8 @@ def count_shapes(cfg) -> Shapes:
         target = AutoModelForCausalLM.from_config(tc)
         target_params = sum(p.numel() for p in target.parameters())  # tied embeddings counted once
         aux = list(cfg.target.aux_layer_ids or default_aux_layer_ids(tc.num_hidden_layers))
-        if cfg.head.family == "eagle3":
-            from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
-
-            head = Eagle3Head(
-                Eagle3Config.from_target(
-                    tc,
-                    cfg.head.draft_vocab_size,
-                    aux,
-                    ttt_steps=cfg.head.ttt_steps,
-                    intermediate_size=cfg.head.intermediate_size,
-                )
-            )
-        else:
-            from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
-
-            head = MLPSpeculator(
-                MLPSpeculatorConfig.from_target(
-                    tc, inner_dim=cfg.head.inner_dim, n_predict=cfg.head.n_predict, tie_weights=cfg.head.tie_weights
-                )
-            )
+        family = families.get(cfg.head.family)
+        head = family.module(family.config.load().from_run(cfg.head, tc, aux))
     unique = {id(p): p for p in head.parameters()}.values()  # tied stages share parameters
     trainable = sum(p.numel() for p in unique if p.requires_grad)
     frozen = sum(p.numel() for p in unique if not p.requires_grad)
@@ -113,28 +96,39 @@ def batch_shape(cfg) -> tuple[int, int]:
     return B, T
 
 
+def eagle3_activation_bytes(cfg, tc, act_bytes: int) -> tuple[float, float]:
+    """(features, head activations kept for backward) of one micro-batch: the TTT unroll's K steps."""
+    B, T = batch_shape(cfg)
+    N = B * T
+    H, I, nh = tc.hidden_size, tc.intermediate_size, tc.num_attention_heads
+    hd = getattr(tc, "head_dim", None) or H // nh
+    nkv = getattr(tc, "num_key_value_heads", nh)
+    K, Vd, hI = cfg.head.ttt_steps, min(cfg.head.draft_vocab_size, tc.vocab_size), cfg.head.intermediate_size or I
+    feats = N * (3 * H * act_bytes + Vd * (act_bytes + 4))  # aux states, draft-vocab logits, target softmax (fp32)
+    layer = N * (2 * H * 2 + 2 * nh * hd + 2 * nkv * hd + 4 * H + 3 * hI) * act_bytes  # one draft step's layer
+    vocab = N * Vd * 4 * 3  # fp32 logits, log-softmax, product with the target distribution
+    # steps >= 1 attend with explicit scores [B, nh, T, T+k] (bf16 scores + fp32 softmax); step 0 is SDPA
+    scores = sum(B * nh * T * (T + k) * (act_bytes + 4) for k in range(1, K))
+    return feats, K * (layer + vocab) + scores
+
+
+def mlp_activation_bytes(cfg, tc, act_bytes: int) -> tuple[float, float]:
+    """(features, head activations kept for backward) of one micro-batch: n_predict full-vocab stages."""
+    B, T = batch_shape(cfg)
+    N = B * T
+    n, D, V = cfg.head.n_predict, cfg.head.inner_dim or tc.hidden_size, tc.vocab_size
+    feats = N * tc.hidden_size * act_bytes
+    return feats, n * N * (4 * D * act_bytes + V * 4 * 2)  # per stage: proj/ln/gelu states, fp32 logits + CE grad
+
+
 def activation_bytes(cfg, tc, act_bytes: int) -> dict[str, float]:
     """Upper-bound activation memory of one micro-batch: target forward (no grad) and head (kept for backward)."""
     B, T = batch_shape(cfg)
     N = B * T
     H, L, I = tc.hidden_size, tc.num_hidden_layers, tc.intermediate_size
-    nh = tc.num_attention_heads
-    hd = getattr(tc, "head_dim", None) or H // nh
-    nkv = getattr(tc, "num_key_value_heads", nh)
     # target: every layer's hidden state is returned (output_hidden_states), plus one layer's MLP at a time
     target = N * ((L + 1) * H + 3 * I) * act_bytes
-    if cfg.head.family == "eagle3":
-        K, Vd, hI = cfg.head.ttt_steps, min(cfg.head.draft_vocab_size, tc.vocab_size), cfg.head.intermediate_size or I
-        feats = N * (3 * H * act_bytes + Vd * (act_bytes + 4))  # aux states, draft-vocab logits, target softmax (fp32)
-        layer = N * (2 * H * 2 + 2 * nh * hd + 2 * nkv * hd + 4 * H + 3 * hI) * act_bytes  # one draft step's layer
-        vocab = N * Vd * 4 * 3  # fp32 logits, log-softmax, product with the target distribution
-        # steps >= 1 attend with explicit scores [B, nh, T, T+k] (bf16 scores + fp32 softmax); step 0 is SDPA
-        scores = sum(B * nh * T * (T + k) * (act_bytes + 4) for k in range(1, K))
-        head = K * (layer + vocab) + scores
-    else:
-        n, D, V = cfg.head.n_predict, cfg.head.inner_dim or H, tc.vocab_size
-        feats = N * H * act_bytes
-        head = n * N * (4 * D * act_bytes + V * 4 * 2)  # per stage: proj/ln/gelu states, fp32 logits + CE grad
+    feats, head = families.get(cfg.head.family).memory(cfg, tc, act_bytes)  # the head family's own estimate
     return {"target forward (transient)": target, "features": feats, "head (kept for backward)": head}
 
 

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.errors import ConfigError
 from draftsmith.train.ttt.unroll import Unrolled, shift_left
 
 
@@ -144,9 +143,7 @@ class MLPObjective:
 
 
 def build_objective(cfg):
-    """The objective for head.family (eagle3 | mlp_speculator)."""
-    if cfg.family == "eagle3":
-        return EagleObjective(cfg)
-    if cfg.family == "mlp_speculator":
-        return MLPObjective(cfg)
-    raise ConfigError(f"head.family={cfg.family!r}: expected eagle3 | mlp_speculator")
+    """The objective of head.family (its entry in train/heads/families.py)."""
+    from draftsmith.train.heads import families
+
+    return families.get(cfg.family).objective(cfg)

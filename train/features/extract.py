@@ -36,7 +36,6 @@ from draftsmith.train.features.shards import (
     COMPRESSIONS,
     DTYPE_NAMES,
     DTYPES,
-    FAMILY_FIELDS,
     FORMAT,
     HELDOUT_DIR,
     HELDOUT_FIELDS,
@@ -59,6 +58,7 @@ from draftsmith.train.features.shards import (
     validate,
     write_manifest,
 )
+from draftsmith.train.heads import families
 
 
 @torch.no_grad()
@@ -105,17 +105,18 @@ def dir_bytes(root: Path) -> int:
 def header_for(
     cfg, target, tokenizer, data, vocab, dtype: torch.dtype, compression: str = "none", split: str = "train"
 ) -> dict:
-    family = cfg.head.family
-    if family not in FAMILY_FIELDS:
-        raise ValueError(f"head.family={family!r}: expected one of {sorted(FAMILY_FIELDS)}")
+    family = families.get(cfg.head.family)
     fp = run_fingerprint(cfg, target, data.train if split == "train" else data.heldout, tokenizer)
     H = target.config.hidden_size
-    d2t = vocab.d2t.cpu().numpy().tobytes() if vocab is not None else b""
+    draft_vocab = None  # a family without a draft vocab (the MLP speculator) predicts over the target's
+    if vocab is not None:
+        d2t_sha1 = hashlib.sha1(vocab.d2t.cpu().numpy().tobytes()).hexdigest()
+        draft_vocab = {"size": cfg.head.draft_vocab_size, "d2t_sha1": d2t_sha1}
     return {
         "format": FORMAT,
         "version": VERSION,
-        "family": family,
-        "fields": list(FAMILY_FIELDS[family]) + (list(HELDOUT_FIELDS) if split == "heldout" else []),
+        "family": family.name,
+        "fields": list(family.fields) + (list(HELDOUT_FIELDS) if split == "heldout" else []),
         "split": split,
         "dtype": DTYPE_NAMES[dtype],
         "compression": compression,
@@ -124,7 +125,7 @@ def header_for(
         "fingerprint": fp,
         "fingerprint_sha1": fingerprint_sha1(fp),
         # informational: the stored features do not depend on the draft vocab (logits are rebuilt per run)
-        "draft_vocab": {"size": cfg.head.draft_vocab_size, "d2t_sha1": hashlib.sha1(d2t).hexdigest()},
+        "draft_vocab": draft_vocab,
         "shards": [],
     }
 

@@ -5,9 +5,10 @@
     DIR/shard-r00000-000000.safetensors    one rank's samples, concatenated along the token axis
 
 A shard holds, for its samples in order, `offsets` [n+1] (token offsets), `sample_index` [n] (index into the run's
-training samples), `input_ids` [N] int32, `loss_mask` [N] uint8, `last` [N, H] (final post-norm hidden state) and,
-for EAGLE-3, `aux` [N, n_aux*H] (the aux hidden states, low→high). Logits are not stored: one matmul with the
-target's lm_head rows rebuilds them, exactly as memory mode does (train/features.py).
+training samples), `input_ids` [N] int32, `loss_mask` [N] uint8, and the head family's `fields`
+(train/heads/families.py): `last` [N, H] (final post-norm hidden state) and, for EAGLE-3, `aux` [N, n_aux*H] (the aux
+hidden states, low→high). Logits are not stored: one matmul with the target's lm_head rows rebuilds them, exactly as
+memory mode does (train/features.py).
 
 Every file is written beside its final name, fsynced and renamed, so a kill leaves either the old file or the
 new one. A shard on disk that no manifest part lists is the remains of a kill between its rename and the part
@@ -34,10 +35,9 @@ from safetensors.torch import save as st_save
 
 from draftsmith.atomic import atomic_write_json
 from draftsmith.errors import DraftsmithError
+from draftsmith.train.heads import families
 
 FORMAT, VERSION = "draftsmith-features", 1
-# what each head family needs per token besides input_ids and loss_mask
-FAMILY_FIELDS = {"eagle3": ("aux", "last"), "mlp_speculator": ("last",)}
 # held-out shards also keep the target's full-vocab argmax per token, so eval needs no lm_head beyond the draft rows
 HELDOUT_FIELDS = ("top",)
 INT_FIELDS = {"top": torch.int32}  # stored as is: never cast to the feature dtype, never compressed
@@ -149,7 +149,7 @@ def data_config_summary(cfg) -> dict:
         for k in ("path", "num_conversations", "heldout", "max_length", "seed", "regen_max_tokens", "regen_temperature")
     }
     out["path"] = str(out["path"])
-    if cfg.head.family == "mlp_speculator":
+    if families.get(cfg.head.family).stage2:  # which stage picks the samples (stage 2: the target's continuations)
         out["head.stage"] = cfg.head.stage
         if cfg.head.stage == 2:
             out["stage2"] = {

@@ -183,7 +183,10 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
     if mode in ("online", "memory"):
         return FeatureSource(target, vocab_ids, mode)
     from draftsmith.errors import ConfigError
-    from draftsmith.train.features.shards import FAMILY_FIELDS, ShardError, parse_size
+    from draftsmith.train.features.shards import ShardError, parse_size
+    from draftsmith.train.heads import families
+
+    fields = families.get(family).fields  # the target features this family's loss reads
 
     if mode == "offline":
         from draftsmith.train.features.shards import (
@@ -207,7 +210,7 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
         except Exception:  # no tokenizer beside the weights: the samples' token ids are still compared exactly
             pass
         diffs = fingerprint_differences(manifest["fingerprint"], run_fingerprint(cfg, target, data.train, tokenizer))
-        missing = set(FAMILY_FIELDS[family]) - set(manifest["fields"])
+        missing = set(fields) - set(manifest["fields"])
         if missing:
             diffs.append(
                 f"head family: extracted for {manifest['family']} (fields {manifest['fields']}), this "
@@ -246,7 +249,7 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
             target,
             data.train,
             lambda epoch: epoch_batches(data, cfg, epoch, rank, world),
-            FAMILY_FIELDS[family],
+            fields,
             target.dtype,
             budget,
             log=lambda *a: print(*a, flush=True) if accelerator.is_main_process else None,

@@ -2,7 +2,8 @@
 
 Parameter names are vLLM's checkpoint keys (`fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`), so
 export is a state_dict save. One call of `forward` is one draft step, as in vLLM's draft model:
-the TTT unroll (train/ttt/unroll.py) calls it K times, passing the step's KV list along.
+the TTT unroll (train/ttt/unroll.py) calls it K times, passing the step's KV list along; the reference decoder
+(eval/reference_decoder.py) calls it row by row with a `KVCache`, as vLLM decodes.
 """
 
 from __future__ import annotations
@@ -41,6 +42,18 @@ class Eagle3Config:
         return asdict(self)
 
     @classmethod
+    def from_run(cls, head, target_config, aux_layer_ids: list[int]) -> "Eagle3Config":
+        """The head a run's `head.*` keys (train/config.py HeadConfig) describe for this target."""
+        return cls.from_target(
+            target_config,
+            head.draft_vocab_size,
+            aux_layer_ids,
+            ttt_steps=head.ttt_steps,
+            norm_before_residual=head.norm_before_residual,
+            intermediate_size=head.intermediate_size,
+        )
+
+    @classmethod
     def from_target(cls, target_config, draft_vocab_size: int, aux_layer_ids: list[int], **kw) -> "Eagle3Config":
         """Shape the draft layer like one of the target's decoder layers."""
         tc = target_config
@@ -73,6 +86,27 @@ class Eagle3Config:
             },
             **kw,
         )
+
+
+def target_problems(config: dict, target_config) -> list[str]:
+    """What keeps an EAGLE-3 head (its config, or the part of it an export records) off this target: its vocab and
+    aux widths, a draft vocab larger than the target's, aux layers beyond its depth, another depth trained on."""
+    problems = [
+        f"{key} head={config[key]} target={value}"
+        for key, value in (("vocab_size", target_config.vocab_size), ("target_hidden_size", target_config.hidden_size))
+        if config.get(key) is not None and config[key] != value
+    ]
+    draft = config.get("draft_vocab_size")
+    if draft is not None and draft > target_config.vocab_size:
+        problems.append(f"draft_vocab_size head={draft} above the target's vocab_size {target_config.vocab_size}")
+    n = target_config.num_hidden_layers
+    bad_aux = [i for i in config.get("aux_layer_ids") or [] if not 0 <= i < n]
+    if bad_aux:
+        problems.append(f"aux layers {bad_aux} beyond {n}")
+    trained = (config.get("target") or {}).get("num_hidden_layers")
+    if trained is not None and trained != n:
+        problems.append(f"num_hidden_layers head={trained} target={n}")
+    return problems
 
 
 class RMSNorm(nn.Module):
@@ -114,7 +148,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
         self.theta = cfg.rope_theta
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list | KVCache) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)  # [B, nh, T, hd]
         k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
@@ -123,12 +157,39 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         rep = self.nh // self.nkv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [B, nh, T, hd]
-        cache.append((k, v))
-        if len(cache) == 1:  # step 0: plain causal attention over the target-feature rows
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, nh, T, hd]
+        if isinstance(cache, KVCache):  # decoding: these rows follow the cached ones
+            out = cache.attend(q, k, v)
         else:
-            out = ttt_attention(q, cache)
+            cache.append((k, v))
+            if len(cache) == 1:  # step 0: plain causal attention over the target-feature rows
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, nh, T, hd]
+            else:
+                out = ttt_attention(q, cache)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+
+class KVCache:
+    """The draft layer's keys and values for decoding one sequence row by row, as vLLM's draft KV cache does: the
+    rows of each call attend to every cached row and causally to each other, then join the cache.
+
+    `fork()` shares the tensors so far: draft steps extend a fork, and the committed cache never sees them."""
+
+    def __init__(self, k: torch.Tensor | None = None, v: torch.Tensor | None = None):
+        self.k, self.v = k, v  # [B, nh, P, hd] (rope applied, kv heads repeated)
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def fork(self) -> "KVCache":
+        return KVCache(self.k, self.v)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v: [B, nh, T, hd] of T new rows -> their attention output [B, nh, T, hd]."""
+        P, T = len(self), q.shape[2]
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)  # [B, nh, P+T, hd]
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        mask = torch.ones(T, P + T, dtype=torch.bool, device=q.device).tril(diagonal=P)  # row i: cache + rows <= i
+        return F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=mask)
 
 
 def ttt_attention(q: torch.Tensor, cache: list) -> torch.Tensor:
@@ -209,6 +270,11 @@ class Eagle3Head(nn.Module):
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.02)
 
+    @torch.no_grad()
+    def attach_target(self, target) -> None:
+        """Copy what the head borrows from its target: the input embedding (frozen, never exported)."""
+        self.embed_tokens.weight.copy_(target.embed_tokens.weight.float())
+
     def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         """Install the draft vocabulary mapping (target_id = draft_id + d2t[draft_id])."""
         assert d2t.shape == self.d2t.shape and t2d.shape == self.t2d.shape, (
@@ -226,10 +292,12 @@ class Eagle3Head(nn.Module):
         return self.fc(aux)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, cache: list
+        self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, cache: list | KVCache
     ) -> torch.Tensor:
         """One draft step. input_ids/positions: [B, T]; hidden: [B, T, H]. Returns the pre-norm hidden [B, T, H],
-        which is both the next step's `hidden` and, through `logits`, this step's prediction."""
+        which is both the next step's `hidden` and, through `logits`, this step's prediction.
+
+        `cache`: a list (the TTT unroll: step 0 causal, later steps diagonal, see `Attention`) or a `KVCache`."""
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
         return self.layers[0](embeds, hidden, positions, cache)
 

@@ -56,6 +56,18 @@ class MLPSpeculatorConfig:
         return math.sqrt((1 - self.state_weight**2) * (self.inner_dim / 2))
 
     @classmethod
+    def from_run(cls, head, target_config, aux_layer_ids=None) -> "MLPSpeculatorConfig":
+        """The speculator a run's `head.*` keys (train/config.py HeadConfig) describe for this target (it reads the
+        last hidden state: no aux layers)."""
+        return cls.from_target(
+            target_config,
+            inner_dim=head.inner_dim,
+            n_predict=head.n_predict,
+            tie_weights=head.tie_weights,
+            scale_input=head.scale_input,
+        )
+
+    @classmethod
     def from_target(cls, target_config, **kw) -> "MLPSpeculatorConfig":
         tc = target_config
         return cls(
@@ -69,6 +81,16 @@ class MLPSpeculatorConfig:
             },
             **kw,
         )
+
+
+def target_problems(config: dict, target_config) -> list[str]:
+    """What keeps an MLP speculator (its config, or the part of it an export records) off this target: the vocab
+    it predicts over and the width of the hidden state it reads."""
+    return [
+        f"{key} head={config[key]} target={value}"
+        for key, value in (("vocab_size", target_config.vocab_size), ("emb_dim", target_config.hidden_size))
+        if config.get(key) is not None and config[key] != value
+    ]
 
 
 class LayerNorm(nn.Module):
@@ -118,6 +140,9 @@ class MLPSpeculator(nn.Module):
             elif isinstance(m, LayerNorm) and m.weight is not None:
                 m.weight.fill_(1.0)
                 m.bias.zero_()
+
+    def attach_target(self, target) -> None:
+        """Nothing to borrow: every weight is the speculator's own (the target's hidden state arrives per call)."""
 
     def prepare(self, state: torch.Tensor) -> torch.Tensor:
         """The target's hidden state [.., E] as the first state (scaled when scale_input)."""

@@ -1,0 +1,133 @@
+"""The head families, in one table: everything that differs between EAGLE-3 and the MLP speculator.
+
+    from draftsmith.train.heads import families
+    family = families.get(cfg.head.family)          # ConfigError naming the valid families otherwise
+    head = family.build(cfg.head, target, vocab)    # training: a fresh head for this target
+    objective = family.objective(cfg.head)          # the features it needs and its loss
+    family.fields                                   # the target features shards store for it
+    family.exporter(state, config, out, ...)        # checkpoint -> vLLM directory
+    family.drafter(head)                            # the reference decoder's drafter
+
+Every other module asks this table instead of comparing family names. A new family writes its own pieces (config
+dataclass + nn.Module + `target_problems` in train/heads/, a builder, an objective, an exporter, a drafter) and adds
+one entry here; no code that runs all families changes. Entries name their callables as "module:attr" strings,
+imported on first use: importing the table imports no torch, transformers or vLLM, and train/heads never imports
+export/ or eval/ (tests/test_import_contract.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from draftsmith.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A callable named "module:attr", imported when first called (or loaded)."""
+
+    path: str
+
+    def load(self) -> Any:
+        module, attr = self.path.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def __call__(self, *args, **kwargs):
+        return self.load()(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # head.family, and the "family" a checkpoint's head.json / an export's draftsmith.json records
+    config: Ref  # the head's config dataclass: config(**head_json["config"]); config.load().from_run(cfg.head, ...)
+    module: Ref  # its nn.Module: module(config); parameter names are the checkpoint keys
+    build: Ref  # build(cfg.head, target, vocab) -> a fresh head for training (vocab is None without draft_vocab)
+    objective: Ref  # objective(cfg.head): the target features the loss needs, and the loss (train/objective.py)
+    fields: tuple[str, ...]  # target features stored per token in shards, beside input_ids and loss_mask
+    target_problems: Ref  # target_problems(config dict, target HF config) -> ["key head=x target=y", ...]
+    exporter: Ref  # exporter(state, config, out, verifier=, dtype=, target_config=, source=, force=, **options)
+    export_options: tuple[str, ...]  # the `draftsmith export` options its exporter takes (dialect, k)
+    read_export: Ref  # read_export(exported dir) -> (config dict, tensors under the checkpoint keys)
+    drafter: Ref  # drafter(head, draft_sampling=, name=): the reference decoder's (eval/reference_decoder.py)
+    draft_vocab: bool  # predicts over a draft vocab built from the data (head.draft_vocab_size); else the target's
+    stage2: bool  # head.stage=2 trains on the target's own continuations (stage2.*, from head.init_from)
+    memory: Ref  # memory(cfg, target HF config, activation bytes) -> (features, head activations) bytes, dry run
+    inits: tuple[str, ...]  # the head.init values its `build` knows
+    keys: tuple[str, ...]  # the head.* config keys it reads besides head.family and head.init
+
+    def problems(self, head_cfg, target_vocab_size: int) -> list[str]:
+        """`key=value: why` for every head.* value this family cannot work with (train/config.py)."""
+        out = []
+        if head_cfg.init not in self.inits:
+            out.append(f"head.init={head_cfg.init}: expected one of {' | '.join(self.inits)} for {self.name} heads")
+        if self.draft_vocab and not 1 <= head_cfg.draft_vocab_size <= target_vocab_size:
+            out.append(
+                f"head.draft_vocab_size={head_cfg.draft_vocab_size}: the draft vocab is a subset of the target's "
+                f"{target_vocab_size} tokens: use 1..{target_vocab_size} (8,192-32,000 is usual)"
+            )
+        if self.stage2 and head_cfg.stage == 2 and not head_cfg.init_from:
+            out.append(
+                "head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set "
+                "head.init_from=<stage-1 run dir>"
+            )
+        return out
+
+
+EAGLE3 = Family(
+    name="eagle3",
+    config=Ref("draftsmith.train.heads.eagle3:Eagle3Config"),
+    module=Ref("draftsmith.train.heads.eagle3:Eagle3Head"),
+    build=Ref("draftsmith.train.build:build_eagle3"),
+    objective=Ref("draftsmith.train.objective:EagleObjective"),
+    fields=("aux", "last"),
+    target_problems=Ref("draftsmith.train.heads.eagle3:target_problems"),
+    exporter=Ref("draftsmith.export.vllm:export_eagle3"),
+    export_options=("dialect", "k"),
+    read_export=Ref("draftsmith.export.vllm:read_export"),
+    drafter=Ref("draftsmith.eval.reference_decoder:Eagle3Drafter"),
+    draft_vocab=True,
+    stage2=False,
+    memory=Ref("draftsmith.train.memory:eagle3_activation_bytes"),
+    # output: the target's final norm + lm_head rows; target: also its last layer, fc = the top aux state
+    inits=("random", "output", "target"),
+    keys=("draft_vocab_size", "ttt_steps", "ttt_decay", "norm_before_residual", "intermediate_size"),
+)
+
+MLP_SPECULATOR = Family(
+    name="mlp_speculator",
+    config=Ref("draftsmith.train.heads.mlp_speculator:MLPSpeculatorConfig"),
+    module=Ref("draftsmith.train.heads.mlp_speculator:MLPSpeculator"),
+    build=Ref("draftsmith.train.build:build_mlp_speculator"),
+    objective=Ref("draftsmith.train.objective:MLPObjective"),
+    fields=("last",),
+    target_problems=Ref("draftsmith.train.heads.mlp_speculator:target_problems"),
+    exporter=Ref("draftsmith.export.mlp:export_mlp_speculator"),
+    export_options=(),
+    read_export=Ref("draftsmith.export.mlp:read_export"),
+    drafter=Ref("draftsmith.eval.reference_decoder:MLPSpeculatorDrafter"),
+    draft_vocab=False,
+    stage2=True,
+    memory=Ref("draftsmith.train.memory:mlp_activation_bytes"),
+    inits=("random", "output"),  # output: every head from the target's lm_head, every embedding from its input one
+    # ttt_decay is head i's loss weight decay**i here (the key is shared with EAGLE-3's per-step weight)
+    keys=("n_predict", "inner_dim", "tie_weights", "scale_input", "ttt_decay", "stage", "init_from"),
+)
+
+FAMILIES = {f.name: f for f in (EAGLE3, MLP_SPECULATOR)}
+NAMES = tuple(FAMILIES)
+UNRECORDED = "eagle3"  # the family of a head whose head.json / draftsmith.json names none (made before MLP heads)
+
+
+def get(name: str | None, where: str | None = None) -> Family:
+    """The family called `name`; a ConfigError naming the valid ones otherwise (`where`: the file that recorded
+    `name`, when it is not the config's head.family)."""
+    if name not in FAMILIES:
+        known = " | ".join(NAMES)
+        raise ConfigError(
+            f"{where}: records head family {name!r}, which this draftsmith does not know ({known})"
+            if where
+            else f"head.family={name!r}: no such head family; expected one of {known}"
+        )
+    return FAMILIES[name]

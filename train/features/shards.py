@@ -8,7 +8,7 @@ A shard holds, for its samples in order, `offsets` [n+1] (token offsets), `sampl
 training samples), `input_ids` [N] int32, `loss_mask` [N] uint8, and the head family's `fields`
 (train/heads/families.py): `last` [N, H] (final post-norm hidden state) and, for EAGLE-3, `aux` [N, n_aux*H] (the aux
 hidden states, low→high). Logits are not stored: one matmul with the target's lm_head rows rebuilds them, exactly as
-memory mode does (train/features.py).
+memory mode does (sources.py).
 
 Every file is written beside its final name, fsynced and renamed, so a kill leaves either the old file or the
 new one. A shard on disk that no manifest part lists is the remains of a kill between its rename and the part

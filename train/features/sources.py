@@ -9,7 +9,7 @@ Memory: (n_aux + 1) * H values per token in the target's dtype, 4.6 KB/token for
 `offline` reads the same two tensors per sample from shards `draftsmith extract` wrote (data.features_dir), after
 checking they were extracted for this run's target, aux layers, tokenizer and samples (and, as each shard is first
 read, that its bytes are still the ones extracted: size and sha256 against the manifest). `stream` runs the target
-in a producer thread ahead of the trainer into a disk buffer bounded by data.max_disk (train/stream.py).
+in a producer thread ahead of the trainer into a disk buffer bounded by data.max_disk (stream.py).
 Every mode hands the objective the same tensors: stored features are cast back to the target's dtype and the
 logits rebuilt from `last`, so a batch's loss is the same whichever mode produced its features.
 """

@@ -1,7 +1,7 @@
 """data.features=stream: a producer thread runs the target ahead of training into a bounded buffer of shards on disk.
 
 The producer walks the same batch schedule as the loop (`epoch_batches`), computes each batch's features with the
-same collated forward the loop would run online, and writes them as one shard file (train/shards.py format);
+same collated forward the loop would run online, and writes them as one shard file (shards.py format);
 the trainer reads the shard for its batch and deletes it. The buffer holds at most `ahead` shards and, with a
 budget, never more bytes than the budget: the producer serializes a shard in memory first, so it knows its
 exact size and waits until it fits before writing it.

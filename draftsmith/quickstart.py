@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +30,20 @@ def stage(name: str, timings: dict):
     yield
     timings[name] = round(time.time() - start, 1)
     print(f"=== {name}: {timings[name]:.0f} s ===", flush=True)
+
+
+def run_child(cmd: list[str]) -> int:
+    """Run `cmd` and return its exit status, leaving Ctrl-C to it.
+
+    The terminal sends Ctrl-C to both processes. Training answers it by finishing its step and saving a checkpoint,
+    but subprocess.run would kill it 0.25 s after our own KeyboardInterrupt. So this process ignores SIGINT while it
+    waits, and the child gets the default handler back before it starts (an ignored SIGINT is inherited).
+    """
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return subprocess.run(cmd, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)).returncode
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def training_plan(overrides: list[str]) -> str:
@@ -89,7 +104,7 @@ def main(argv: list[str]) -> int:
     with stage(f"2/4 train EAGLE-3 head ({training_plan(overrides)})", timings):
         cmd = [sys.executable, "-m", "draftsmith.train.run", *overrides]
         print(" ".join(cmd[1:]), flush=True)
-        code = subprocess.run(cmd).returncode
+        code = run_child(cmd)
         if code:  # training printed its own one-paragraph error (or the Ctrl-C note) above
             print(
                 f"draftsmith quickstart: training stopped (exit status {code}); re-run `draftsmith quickstart` with "

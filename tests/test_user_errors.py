@@ -307,3 +307,18 @@ def test_committed_results_hold_no_machine_paths():
     assert machine_paths(ROOT / "bench" / "results") == {}
     home = str(Path.home())
     assert portable(f'"{ROOT}/bench/x.json" {home}/.cache/draftsmith/f') == '"bench/x.json" ~/.cache/draftsmith/f'
+
+
+def test_quickstart_leaves_ctrl_c_to_the_training_child(tmp_path):
+    """Ctrl-C reaches the whole foreground group: the child finishes its save, the quickstart waits for it."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys, threading, time
+        from draftsmith.quickstart import run_child
+        child = "import time, sys\\ntry:\\n    time.sleep(60)\\nexcept KeyboardInterrupt:\\n    time.sleep(1.0)\\n"
+        child += "    open({str(tmp_path / "saved")!r}, 'w').write('ok')\\n    sys.exit(130)"
+        threading.Timer(2.0, lambda: os.killpg(os.getpgid(0), signal.SIGINT)).start()  # a terminal's Ctrl-C
+        print("child exit", run_child([sys.executable, "-c", child]), flush=True)
+    """)
+    p = subprocess.run(["setsid", sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=ENV)
+    assert "child exit 130" in p.stdout, p.stdout + p.stderr[-2000:]
+    assert (tmp_path / "saved").read_text() == "ok"  # the child was not killed mid-save

@@ -388,6 +388,24 @@ def _fmt(x, spec: str = ".2f", none: str = "—") -> str:
     return none if x is None else format(x, spec)
 
 
+def result_cells(name: str, r: dict) -> list[str]:
+    """A finished method's row, as both tables show it (markdown `format_table`, rich `eval/cli.py rich_table`)."""
+    pos = r["per_position_acceptance"]
+    return [
+        name,
+        _fmt(r["mean_acceptance_length"]),
+        _fmt(r["acceptance_rate"]),
+        "[" + ", ".join(_fmt(p) for p in pos) + "]" if pos else "—",
+        _fmt(r["tokens_per_target_step"]),
+        _fmt(r["output_tokens_per_s"], ".1f"),
+        _fmt(r["speedup_vs_none"]),
+        "ref" if name == "none" else _fmt(r["match_vs_none"]),
+        str(r["generated_tokens"]),
+        _fmt(r["generation_s"], ".1f"),
+        _fmt(r["engine_start_s"], ".1f"),
+    ]
+
+
 def format_table(result: dict) -> str:
     """The run as a markdown table (one row per method) with a one-line header of its settings."""
     head = (
@@ -413,19 +431,6 @@ def format_table(result: dict) -> str:
         if r["status"] != "ok":
             cells = [name, f"failed: {r['error'][:80]}"] + [""] * (len(cols) - 2)
         else:
-            pos = r["per_position_acceptance"]
-            cells = [
-                name,
-                _fmt(r["mean_acceptance_length"]),
-                _fmt(r["acceptance_rate"]),
-                "[" + ", ".join(_fmt(p) for p in pos) + "]" if pos else "—",
-                _fmt(r["tokens_per_target_step"]),
-                _fmt(r["output_tokens_per_s"], ".1f"),
-                _fmt(r["speedup_vs_none"]),
-                "ref" if name == "none" else _fmt(r["match_vs_none"]),
-                str(r["generated_tokens"]),
-                _fmt(r["generation_s"], ".1f"),
-                _fmt(r["engine_start_s"], ".1f"),
-            ]
+            cells = result_cells(name, r)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftsmith.eval.acceptance import BASELINES, ENGINE_DEFAULTS, run_acceptance
+from draftsmith.eval.acceptance import BASELINES, ENGINE_DEFAULTS, result_cells, run_acceptance
 from draftsmith.eval.args import head_arg, methods_arg
 from draftsmith.eval.prompts import PromptFileError
 
@@ -29,9 +29,6 @@ from draftsmith.eval.prompts import PromptFileError
 def rich_table(result: dict):
     """The result as a rich Table for the console (the markdown twin is `format_table`)."""
     from rich.table import Table
-
-    def f(x, spec=".2f"):
-        return "—" if x is None else format(x, spec)
 
     table = Table(
         title=f"served acceptance, k={result['k']}, {result['num_prompts']} prompts, "
@@ -55,20 +52,7 @@ def rich_table(result: dict):
         if r["status"] != "ok":
             table.add_row(name, f"[red]failed[/]: {r['error'][:60]}")
             continue
-        pos = r["per_position_acceptance"]
-        table.add_row(
-            name,
-            f(r["mean_acceptance_length"]),
-            f(r["acceptance_rate"]),
-            "[" + ", ".join(f(p) for p in pos) + "]" if pos else "—",
-            f(r["tokens_per_target_step"]),
-            f(r["output_tokens_per_s"], ".1f"),
-            f(r["speedup_vs_none"]),
-            "ref" if name == "none" else f(r["match_vs_none"]),
-            str(r["generated_tokens"]),
-            f(r["generation_s"], ".1f"),
-            f(r["engine_start_s"], ".1f"),
-        )
+        table.add_row(*result_cells(name, r))
     return table
 
 

@@ -14,7 +14,6 @@ import argparse
 import os
 import sys
 
-from draftsmith.errors import handle_errors
 from draftsmith.export.destination import check_export_destination
 from draftsmith.export.vllm import ExportError
 from draftsmith.train.checkpoint import load_head, resolve_checkpoint
@@ -52,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    return handle_errors("draftsmith export", lambda: export(args))
+    return export(args)  # a project error reaches draftsmith/cli.py's handler: one paragraph, no traceback
 
 
 def _target_config(verifier: str):

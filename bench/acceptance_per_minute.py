@@ -70,6 +70,34 @@ LEVERS = {
         ["data.features=offline", "data.features_dtype=bf16", "data.features_dir={features}"],
     ),
     "ttt2": ("TTT depth 2", ["head.ttt_steps=2"]),
+    # issue 16's equal-data budget (with --epochs 2): the 200 ShareGPT conversations a peer trainer was compared on
+    "eq200": (
+        "200 ShareGPT conversations, length 512, TTT 3, draft vocab 8,192, features extracted once",
+        [
+            "data.path=sharegpt",
+            "data.num_conversations=200",
+            "data.heldout=64",
+            "data.max_length=512",
+            "head.ttt_steps=3",
+            "head.draft_vocab_size=8192",
+            "data.features=offline",
+            "data.features_dtype=bf16",
+        ],
+    ),
+    "own": ("the target's own answers to the same conversations' first turns", ["data.path=regen:sharegpt"]),
+    "nbfc": ("RMSNorm over the aux states before fc (vLLM norm_before_fc)", ["head.norm_before_fc=true"]),
+    "fcnorm": ("RMSNorm per aux state before fc (vLLM fc_norm)", ["head.fc_norm=true"]),
+    "muon": ("Muon on the hidden matrices, AdamW on lm_head and norms", ["optim.name=muon"]),
+    "argmax": ("cross-entropy on the target's greedy token", ["head.loss=argmax"]),
+    "top8": ("cross-entropy on the target's top-8 tokens, renormalised", ["head.loss=topk", "head.loss_topk=8"]),
+    "bs512": ("512-token batches (twice the optimizer steps)", ["data.max_tokens_per_batch=512"]),
+    "bs2048": ("2,048-token batches", ["data.max_tokens_per_batch=2048"]),
+    "lr1e-3": ("peak lr 1e-3", ["optim.lr=1e-3"]),
+    "lr6e-3": ("peak lr 6e-3", ["optim.lr=6e-3"]),
+    "decay1": ("TTT step weights 1, 1, 1", ["head.ttt_decay=1.0"]),
+    "decay0.5": ("TTT step weights 1, 0.5, 0.25", ["head.ttt_decay=0.5"]),
+    "initout": ("warm start from the target's norm + lm_head rows", ["head.init=output"]),
+    "inittarget": ("warm start from the target's last layer too", ["head.init=target"]),
 }
 
 
@@ -117,6 +145,7 @@ def train(name: str, spec: str, args, run_dir: Path) -> None:
         *overrides(spec, args.regen_data, args.features_dir),
         f"optim.max_tokens={args.tokens}" if args.tokens else "optim.max_tokens=null",
         f"optim.max_minutes={args.minutes}" if args.minutes else "optim.max_minutes=null",
+        *([f"optim.epochs={args.epochs}"] if args.epochs else []),
     ]
     if spec == args.curve:  # keep every checkpoint for the curve
         cmd += [
@@ -224,6 +253,7 @@ def main() -> int:
     ap.add_argument("--levers", default="baseline,output,vocab4096", help="comma list; combine with + (regen+memory)")
     ap.add_argument("--tokens", type=int, default=None, help="supervised tokens per lever (equal-token comparison)")
     ap.add_argument("--minutes", type=float, default=None, help="wall-clock bound per lever")
+    ap.add_argument("--epochs", type=int, default=None, help="epochs over each lever's data (equal-data comparison)")
     ap.add_argument("--regen-data", default=None, help="JSONL from `draftsmith regenerate` (levers `regen`)")
     ap.add_argument(
         "--features-dir",
@@ -246,8 +276,8 @@ def main() -> int:
     )
     ap.add_argument("--train-only", action="store_true")
     args = ap.parse_args()
-    if not args.tokens and not args.minutes:
-        ap.error("give --tokens and/or --minutes")
+    if not args.tokens and not args.minutes and not args.epochs:
+        ap.error("give --tokens, --minutes and/or --epochs")
     os.environ.setdefault("WANDB_MODE", "disabled")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

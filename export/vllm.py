@@ -50,6 +50,10 @@ def expected_shapes(cfg: Eagle3Config, layer_prefix: str = "layers.0.") -> dict[
         "norm.weight": (H,),
         "lm_head.weight": (cfg.draft_vocab_size, H),
     }
+    if cfg.norm_before_fc:
+        shapes["input_norm.weight"] = (len(cfg.aux_layer_ids) * cfg.target_hidden_size,)
+    if cfg.fc_norm:
+        shapes.update({f"fc_norm.{i}.weight": (cfg.target_hidden_size,) for i in range(len(cfg.aux_layer_ids))})
     if cfg.draft_vocab_size != cfg.vocab_size:
         # vLLM 0.32 builds no draft_id_to_target_id for a full-vocab head and fails to load a d2t it cannot place
         shapes.update({"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)})
@@ -108,8 +112,8 @@ def speculators_config(cfg: Eagle3Config, verifier: str, k: int, dtype: str) -> 
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,  # vLLM defaults this to true: always write it
-        "norm_before_fc": False,
-        "fc_norm": False,
+        "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm,
         "norm_output": False,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "speculators_config": {
@@ -132,7 +136,12 @@ def native_config(cfg: Eagle3Config, dtype: str) -> dict:
             "draft_vocab_size": cfg.draft_vocab_size,
             "target_hidden_size": cfg.target_hidden_size,
             "norm_before_residual": cfg.norm_before_residual,
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids), "use_aux_hidden_state": True},
+            "fc_norm": cfg.fc_norm,  # vLLM reads it from the top level, norm_before_fc from eagle_config
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+                "use_aux_hidden_state": True,
+                "norm_before_fc": cfg.norm_before_fc,
+            },
         }
     )
     return out
@@ -166,12 +175,14 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     if config.get("speculators_model_type") == "eagle3":
         layer_cfg, prefix = config["transformer_layer_config"], "layers.0."
         ids = config["eagle_aux_hidden_state_layer_ids"]
+        norm_before_fc = config.get("norm_before_fc", False)
         k = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
         if k < 1:
             raise ExportError(f"speculative_tokens must be >= 1, got {k}")
     elif config.get("architectures") == [NATIVE_ARCH]:
         layer_cfg, prefix = config, "midlayer."
         ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        norm_before_fc = config["eagle_config"].get("norm_before_fc", config.get("norm_before_fc", False))
     else:
         raise ExportError(f"{out_dir}/config.json is neither an EAGLE-3 speculators nor a native config")
     if "norm_before_residual" not in config:
@@ -191,6 +202,8 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
         rms_norm_eps=layer_cfg["rms_norm_eps"],
         rope_theta=layer_cfg["rope_theta"],
         max_position_embeddings=layer_cfg["max_position_embeddings"],
+        norm_before_fc=bool(norm_before_fc),
+        fc_norm=bool(config.get("fc_norm", False)),
     )
     want = expected_shapes(cfg, prefix)
     missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))

@@ -18,40 +18,55 @@ PROBE = Path(__file__).with_name("vllm_probe.py")
 AUX = [1, 3, 4]
 
 
-@pytest.fixture(scope="module")
-def tiny_setup(tiny_target_dir, tmp_path_factory):
-    from transformers import AutoModelForCausalLM
+VARIANTS = {  # head config flags under test: the plain layout and fc's input norms (vLLM input_norm / fc_norm)
+    "plain": {},
+    "norm_before_fc": {"norm_before_fc": True},
+    "both_fc_norms": {"norm_before_fc": True, "fc_norm": True},
+}
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+
+def make_head(model, **flags):
     torch.manual_seed(0)
     Vd = 2048
-    cfg = Eagle3Config.from_target(model.config, Vd, AUX, ttt_steps=3, norm_before_residual=False)
+    cfg = Eagle3Config.from_target(model.config, Vd, AUX, ttt_steps=3, norm_before_residual=False, **flags)
     head = Eagle3Head(cfg)
     head.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight)
     with torch.no_grad():  # larger weights than init so draft logits are far from ties
         for p in head.parameters():
             if p.requires_grad and p.dim() == 2:
                 p.mul_(10)
+        for name, p in head.named_parameters():  # norm weights away from 1: a norm vLLM skipped would show
+            if name.startswith(("input_norm.", "fc_norm.")):
+                p.uniform_(0.5, 1.5)
     ids = torch.arange(Vd) * 7 % cfg.vocab_size  # a scattered, non-prefix draft vocab exercises d2t
     ids = ids.unique().sort().values
     assert ids.numel() == Vd
     t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     t2d[ids] = True
     head.set_vocab(ids - torch.arange(Vd), t2d)
+    return head
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tiny_target_dir, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
     out = tmp_path_factory.mktemp("heads")
-    dirs = {
-        d: export_eagle3(
-            head.trainable_state_dict(),
-            cfg,
-            out / d,
-            verifier=str(tiny_target_dir),
-            k=3,
-            dialect=d,
-            target_config=model.config,
-        )
-        for d in ("speculators", "native")
-    }
-    return model, head, dirs
+    heads, dirs = {}, {}
+    for variant, flags in VARIANTS.items():
+        heads[variant] = head = make_head(model, **flags)
+        for d in ("speculators", "native"):
+            dirs[variant, d] = export_eagle3(
+                head.trainable_state_dict(),
+                head.config,
+                out / f"{variant}-{d}",
+                verifier=str(tiny_target_dir),
+                k=3,
+                dialect=d,
+                target_config=model.config,
+            )
+    return model, heads, dirs
 
 
 def probe(target_dir, head_dir, prompt_ids, tmp_path):
@@ -66,18 +81,24 @@ def probe(target_dir, head_dir, prompt_ids, tmp_path):
     return torch.load(out, weights_only=False)
 
 
-@pytest.mark.parametrize("dialect", ["speculators", "native"])
-def test_exported_head_serves_and_matches_training(tiny_setup, tiny_target_dir, tmp_path, dialect):
-    model, head, dirs = tiny_setup
+@pytest.mark.parametrize(
+    "variant,dialect",
+    [("plain", "speculators"), ("plain", "native"), ("norm_before_fc", "speculators"), ("both_fc_norms", "native")],
+)
+def test_exported_head_serves_and_matches_training(tiny_setup, tiny_target_dir, tmp_path, variant, dialect):
+    model, heads, dirs = tiny_setup
+    head = heads[variant]
     prompt = [1, 422, 1520, 314, 253, 3437, 30, 422, 1520, 314, 253]
-    got = probe(tiny_target_dir, dirs[dialect], prompt, tmp_path)
+    got = probe(tiny_target_dir, dirs[variant, dialect], prompt, tmp_path)
     assert got["arch"] == "Eagle3LlamaForCausalLM"
 
-    # 1. aux capture: vLLM's fc input for the prefill rows == our training-time capture (layer-id convention)
+    # 1. aux capture: vLLM's fc input for the prefill rows == our training-time capture (layer-id convention),
+    #    through the head's input norms where it has them (vLLM applies them before fc)
     feats = Target(model, AUX).features(torch.tensor([prompt]))
     fc_in = got["fc_input"]
     assert fc_in.shape == (len(prompt), 3 * model.config.hidden_size)
-    torch.testing.assert_close(fc_in, feats.aux[0], atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(fc_in, head.fc_input(feats.aux[0]), atol=1e-4, rtol=1e-4)
 
     # 2. the draft distributions vLLM computes in the first round == our head's TTT steps 0, 1, 2 at the last
     #    prefill row, each step fed the previous step's greedy draft token (as vLLM feeds it)
@@ -113,7 +134,8 @@ def _ttt_step_last_row(head, token, position, prev, cache):
 
 
 def test_export_refuses_mismatched_target_and_bad_maps(tiny_setup, tmp_path):
-    model, head, dirs = tiny_setup
+    model, heads, dirs = tiny_setup
+    head = heads["plain"]
     cfg = head.config
     other = type(model.config).from_dict({**model.config.to_dict(), "vocab_size": 32000})
     with pytest.raises(ExportError, match="does not match the target: vocab_size head=49152 target=32000"):
@@ -123,7 +145,7 @@ def test_export_refuses_mismatched_target_and_bad_maps(tiny_setup, tmp_path):
     with pytest.raises(ExportError, match="int64"):
         export_eagle3(bad, cfg, tmp_path / "y", verifier="t")
     assert not (tmp_path / "y").exists()  # nothing half-written
-    config = validate_export(dirs["speculators"], model.config)
+    config = validate_export(dirs["plain", "speculators"], model.config)
     assert config["eagle_aux_hidden_state_layer_ids"] == AUX
     assert config["norm_before_residual"] is False
 

@@ -43,7 +43,13 @@ class HeadConfig:
     ttt_steps: int = 7  # K: the head is unrolled K steps on its own outputs
     ttt_decay: float = 0.8  # step (EAGLE-3) / head (MLP speculator) i's loss weight is decay**i
     norm_before_residual: bool = False  # EAGLE-3 reference layout; exported explicitly either way
+    norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states before fc (vLLM: input_norm)
+    fc_norm: bool = False  # one RMSNorm per aux state before fc (vLLM: fc_norm.{i})
     intermediate_size: Optional[int] = None  # None = the target's
+    # what each TTT step is scored against: kl = the target's distribution over the draft vocab (forward KL up to a
+    # constant), argmax = its greedy token (cross-entropy), topk = its top `loss_topk` tokens, renormalised
+    loss: str = "kl"
+    loss_topk: int = 8
     # MLP speculator (family mlp_speculator): n_predict stages of width inner_dim (0 = the target's hidden size)
     n_predict: int = 3
     inner_dim: int = 0
@@ -81,6 +87,9 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    # adamw | muon: Muon (momentum orthogonalised by Newton-Schulz) on the head's hidden matrices (fc, the draft
+    # layer's projections), AdamW on the rest (lm_head, norms); both follow optim.lr (Muon scaled to AdamW's RMS)
+    name: str = "adamw"
     lr: float = 1e-4
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -142,6 +151,7 @@ CHOICES = {
     "target.dtype": ("auto", "float32", "bfloat16", "float16"),
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
     "stage2.backend": ("auto", "vllm", "hf"),
+    "optim.name": ("adamw", "muon"),
 }
 
 
@@ -188,6 +198,8 @@ def config_problems(cfg) -> list[str]:
         "inner_dim": (lambda v: v >= 0, "0 (the target's hidden size) or a width > 0"),
         "stage": (lambda v: v in (1, 2), "1 (input alignment) or 2 (output alignment, from head.init_from)"),
         "intermediate_size": (optional_min(1), "null (the target's) or >= 1"),
+        "loss": (lambda v: v in ("kl", "argmax", "topk"), "expected one of kl | argmax | topk"),
+        "loss_topk": (lambda v: v >= 1, "the target's top tokens the loss keeps, >= 1"),
     }
     family = families.FAMILIES.get(get("head.family"))  # an unknown one is named by the CHOICES check above
     if family is not None:

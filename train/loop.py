@@ -23,6 +23,7 @@ from draftsmith.train.checkpoint import Position, resolve_checkpoint, restore_ru
 from draftsmith.train.data.dataset import collate, epoch_batches, make_batches
 from draftsmith.train.features.sources import build_feature_source, heldout_feature_source
 from draftsmith.train.objective import build_objective
+from draftsmith.train.optim import build_optimizer
 
 
 class NonFiniteLoss(DraftsmithError, RuntimeError):
@@ -189,10 +190,8 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     """Train `head` on `data` against the frozen `target`; returns the final eval metrics."""
     run_dir, device = Path(cfg.output_dir), accelerator.device
     target.to(device)
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
-    )
+    trainable = [p for p in head.parameters() if p.requires_grad]
+    optimizer = build_optimizer(cfg.optim, head, accelerator.distributed_type.name)
     world, accum, rank = accelerator.num_processes, cfg.optim.grad_accum, accelerator.process_index
     per_epoch = len(epoch_batches(data, cfg, 0, rank, world)) // accum
     if per_epoch == 0:
@@ -290,7 +289,7 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
                         f"{pos.cursor}, conversations on rank {rank}: {ids[:8]}); weights not updated, "
                         f"last good checkpoint kept in {run_dir}/checkpoints"
                     )
-                grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.grad_clip)
+                grad_norm = accelerator.clip_grad_norm_(trainable, cfg.optim.grad_clip)
                 optimizer.step()
                 elapsed = figures.clock_s / world  # the ranks' mean clock: identical on every rank
                 interrupted = figures.stop > 0

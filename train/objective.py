@@ -98,9 +98,10 @@ class EagleObjective:
 
     def __init__(self, cfg):
         self.steps, self.decay = cfg.ttt_steps, cfg.ttt_decay
+        self.loss, self.topk = cfg.get("loss", "kl"), cfg.get("loss_topk", 8)
 
     def wrap(self, head) -> nn.Module:
-        return Unrolled(head, self.steps, self.decay)
+        return Unrolled(head, self.steps, self.decay, self.loss, self.topk)
 
     def vocab_ids(self, head) -> torch.Tensor:
         return head.draft_to_target  # target logits only over the draft vocab: the loss needs no more

@@ -33,6 +33,10 @@ class Eagle3Config:
     rope_scaling: Optional[dict] = None  # HF rope_parameters beyond the default type, passed through on export
     max_position_embeddings: int = 2048
     norm_before_residual: bool = False
+    # RMSNorm on fc's input, as vLLM's llama_eagle3 loads them: one over all the aux states (`input_norm`), or one
+    # per aux state (`fc_norm.{i}`)
+    norm_before_fc: bool = False
+    fc_norm: bool = False
     hidden_act: str = "silu"
     ttt_steps: int = 7
     target_model_type: str = "llama"
@@ -50,6 +54,8 @@ class Eagle3Config:
             aux_layer_ids,
             ttt_steps=head.ttt_steps,
             norm_before_residual=head.norm_before_residual,
+            norm_before_fc=head.norm_before_fc,
+            fc_norm=head.fc_norm,
             intermediate_size=head.intermediate_size,
         )
 
@@ -252,7 +258,12 @@ class Eagle3Head(nn.Module):
         H = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)  # the target's, frozen; never exported
         self.embed_tokens.weight.requires_grad_(False)
-        self.fc = nn.Linear(len(cfg.aux_layer_ids) * cfg.target_hidden_size, H, bias=False)
+        n_aux, Ht = len(cfg.aux_layer_ids), cfg.target_hidden_size
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(n_aux * Ht, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList([RMSNorm(Ht, cfg.rms_norm_eps) for _ in range(n_aux)])
+        self.fc = nn.Linear(n_aux * Ht, H, bias=False)
         self.layers = nn.ModuleList([DecoderLayer(cfg)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
@@ -289,7 +300,16 @@ class Eagle3Head(nn.Module):
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """[B, T, 3·Ht] target aux states -> [B, T, H] first-step hidden input (vLLM's combine_hidden_states)."""
-        return self.fc(aux)
+        return self.fc(self.fc_input(aux))
+
+    def fc_input(self, aux: torch.Tensor) -> torch.Tensor:
+        """What fc reads: the aux states, through `input_norm` then the per-state `fc_norm`s where configured."""
+        if self.config.norm_before_fc:
+            aux = self.input_norm(aux)
+        if self.config.fc_norm:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return aux
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, cache: list | KVCache

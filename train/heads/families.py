@@ -92,7 +92,17 @@ EAGLE3 = Family(
     memory=Ref("draftsmith.train.memory:eagle3_activation_bytes"),
     # output: the target's final norm + lm_head rows; target: also its last layer, fc = the top aux state
     inits=("random", "output", "target"),
-    keys=("draft_vocab_size", "ttt_steps", "ttt_decay", "norm_before_residual", "intermediate_size"),
+    keys=(
+        "draft_vocab_size",
+        "ttt_steps",
+        "ttt_decay",
+        "norm_before_residual",
+        "norm_before_fc",
+        "fc_norm",
+        "intermediate_size",
+        "loss",
+        "loss_topk",
+    ),
 )
 
 MLP_SPECULATOR = Family(

@@ -43,6 +43,8 @@ def ttt_unroll(
     decay: float,
     target_top: torch.Tensor | None = None,
     denoms: torch.Tensor | None = None,
+    loss: str = "kl",
+    topk: int = 8,
 ) -> TTTOutput:
     """Unroll the head `steps` times on its own hidden outputs and score each step against the target.
 
@@ -54,6 +56,7 @@ def ttt_unroll(
         denoms: [steps] per-step denominators of the loss and accuracy means; None = this batch's own counts.
             Training passes the global counts of the whole optimizer step (all ranks, all micro-batches),
             so that summing the outputs over micro-batches and ranks gives the mean over every token.
+        loss: what each step is scored against (`target_distribution`): kl | argmax | topk (the top `topk` tokens).
     """
     B, T = input_ids.shape
     positions = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
@@ -67,7 +70,7 @@ def ttt_unroll(
     slot[need] = torch.arange(int(need.sum()), device=input_ids.device)  # [B, T] row of `need` in target_p
     restricted = target_logits.shape[-1] == d2t_ids.numel() and target_logits.shape[-1] != head.config.vocab_size
     sub = target_logits[need] if restricted else target_logits[need][..., d2t_ids]  # [N, Vd]
-    target_p = F.softmax(sub.float(), dim=-1)  # [N, Vd]
+    target_p = target_distribution(sub.float(), loss, topk)  # [N, Vd]
     if target_top is None:  # the target's greedy token as a target id
         target_top = torch.full((B, T), -1, dtype=torch.long, device=input_ids.device)
         target_top[need] = d2t_ids[sub.argmax(-1)] if restricted else target_logits[need].argmax(-1)
@@ -97,14 +100,39 @@ def ttt_unroll(
     return TTTOutput(total, losses, accs, counts, (run * row_mask).sum(), row_mask.sum())
 
 
+def target_distribution(logits: torch.Tensor, loss: str, topk: int = 8) -> torch.Tensor:
+    """[N, Vd] target logits over the draft vocab -> the distribution a step's cross-entropy is taken against.
+
+    kl: the softmax (cross-entropy against it is forward KL up to the target's entropy); argmax: one-hot at the
+    target's greedy token (what greedy serving accepts); topk: the softmax of its `topk` largest logits."""
+    if loss == "kl":
+        return F.softmax(logits, dim=-1)
+    if loss == "argmax":
+        return F.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+    if loss == "topk":
+        values, ids = logits.topk(min(topk, logits.shape[-1]), dim=-1)
+        return torch.zeros_like(logits).scatter_(-1, ids, F.softmax(values, dim=-1))
+    raise ValueError(f"unknown loss {loss!r} (kl | argmax | topk)")
+
+
 class Unrolled(torch.nn.Module):
     """The head and its unroll as one forward call, so DDP/FSDP see (and synchronise) a single pass."""
 
-    def __init__(self, head, steps: int, decay: float):
+    def __init__(self, head, steps: int, decay: float, loss: str = "kl", topk: int = 8):
         super().__init__()
-        self.head, self.steps, self.decay = head, steps, decay
+        self.head, self.steps, self.decay, self.loss, self.topk = head, steps, decay, loss, topk
 
     def forward(self, aux, target_logits, input_ids, loss_mask, target_top=None, denoms=None) -> TTTOutput:
         return ttt_unroll(
-            self.head, aux, target_logits, input_ids, loss_mask, self.steps, self.decay, target_top, denoms
+            self.head,
+            aux,
+            target_logits,
+            input_ids,
+            loss_mask,
+            self.steps,
+            self.decay,
+            target_top,
+            denoms,
+            self.loss,
+            self.topk,
         )

@@ -87,6 +87,10 @@ LEVERS = {
     "own": ("the target's own answers to the same conversations' first turns", ["data.path=regen:sharegpt"]),
     "nbfc": ("RMSNorm over the aux states before fc (vLLM norm_before_fc)", ["head.norm_before_fc=true"]),
     "fcnorm": ("RMSNorm per aux state before fc (vLLM fc_norm)", ["head.fc_norm=true"]),
+    "outlier8": (
+        "fc input channels above 8x the median RMS scaled to the median (folded into fc on export)",
+        ["head.fc_outlier_ratio=8"],
+    ),
     "muon": ("Muon on the hidden matrices, AdamW on lm_head and norms", ["optim.name=muon"]),
     "argmax": ("cross-entropy on the target's greedy token", ["head.loss=argmax"]),
     "top8": ("cross-entropy on the target's top-8 tokens, renormalised", ["head.loss=topk", "head.loss_topk=8"]),

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from draftsmith.atomic import atomic_dir
 from draftsmith.errors import DraftsmithError
 from draftsmith.export.destination import check_export_destination
-from draftsmith.train.heads.eagle3 import Eagle3Config, target_problems
+from draftsmith.train.heads.eagle3 import Eagle3Config, fold_fc_input_scale, target_problems
 
 SPECULATORS_ARCH = "Eagle3DraftModel"  # as speculators >= 0.9 writes it; vLLM keys on speculators_model_type
 NATIVE_ARCH = "LlamaForCausalLMEagle3"
@@ -241,7 +241,7 @@ def export_eagle3(
     check_export_destination(source, out_dir, force)
     if target_config is not None:
         check_target(cfg, target_config)
-    state = {k_: v for k_, v in state.items() if not k_.startswith("embed_tokens.")}
+    state = fold_fc_input_scale({k_: v for k_, v in state.items() if not k_.startswith("embed_tokens.")})
     check_vocab_maps(state["d2t"], state["t2d"], cfg)
     if cfg.draft_vocab_size == cfg.vocab_size:  # identity map: vLLM wants no d2t/t2d for a full-vocab head
         state = {k_: v for k_, v in state.items() if k_ not in ("d2t", "t2d")}
@@ -267,7 +267,13 @@ def export_eagle3(
         # the verifier also here: the native dialect's config.json has no place for it (eval checks it)
         (tmp / "draftsmith.json").write_text(
             json.dumps(
-                {"family": "eagle3", "dialect": dialect, "verifier": verifier, "head_config": cfg.to_dict()}, indent=2
+                {
+                    "family": "eagle3",
+                    "dialect": dialect,
+                    "verifier": verifier,
+                    "head_config": {**cfg.to_dict(), "fc_outlier_ratio": 0.0},  # its scale is in fc.weight now
+                },
+                indent=2,
             )
             + "\n"
         )

@@ -163,3 +163,28 @@ def test_muon_refuses_sharded_launches(tiny_model):
             build_optimizer(cfg, tiny_head(tiny_model), kind)
     with pytest.raises(ValueError, match="2-D"):
         MuonAdamW([{"params": [torch.nn.Parameter(torch.ones(3))], "muon": True}], lr=1e-3)
+
+
+def test_outlier_channels_scaled_and_folded_into_fc_on_export(tiny_model, tmp_path):
+    head = tiny_head(tiny_model, fc_outlier_ratio=8.0)
+    n = 3 * tiny_model.config.hidden_size
+    aux = torch.randn(4, 6, n)
+    aux[..., 5] = 900 + torch.randn(4, 6)  # a massive, near-constant channel, as SmolLM2's 507
+    aux[..., 9] *= 5  # a loud channel under the ratio: left alone
+    x = aux.reshape(-1, n)
+    rms = head.calibrate_fc_input(x.pow(2).sum(0), torch.tensor(float(x.shape[0])))
+    med = rms.median()
+    assert (head.fc_in_scale < 1).nonzero().flatten().tolist() == [5]
+    torch.testing.assert_close(head.fc_in_scale[5], med / rms[5])
+    scaled = head.fc_input(aux) * head.fc_in_scale
+    assert scaled[..., 5].pow(2).mean().sqrt() < 2 * med  # now a typical channel for fc (and for Adam's steps)
+    with torch.no_grad():
+        want = head.fuse(aux)
+    out = export_eagle3(head.trainable_state_dict(), head.config, tmp_path / "x", verifier="t")
+    assert "fc_in_scale" not in load_file(out / "model.safetensors")  # vLLM's tensor set is unchanged
+    cfg, state = read_export(out)
+    assert cfg["fc_outlier_ratio"] == 0.0
+    plain = tiny_head(tiny_model)  # a head without the buffer computes the same thing from the folded fc
+    plain.load_state_dict({**plain.state_dict(), **state})
+    with torch.no_grad():
+        torch.testing.assert_close(plain.fuse(aux), want, rtol=1e-5, atol=1e-3)

@@ -45,6 +45,9 @@ class HeadConfig:
     norm_before_residual: bool = False  # EAGLE-3 reference layout; exported explicitly either way
     norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states before fc (vLLM: input_norm)
     fc_norm: bool = False  # one RMSNorm per aux state before fc (vLLM: fc_norm.{i})
+    # > 0: fc's input channels with RMS above this x the median are scaled to the median (measured on the first
+    # training batch; folded into fc.weight on export, so the served format is unchanged). 0 = off
+    fc_outlier_ratio: float = 0.0
     intermediate_size: Optional[int] = None  # None = the target's
     # what each TTT step is scored against: kl = the target's distribution over the draft vocab (forward KL up to a
     # constant), argmax = its greedy token (cross-entropy), topk = its top `loss_topk` tokens, renormalised
@@ -200,6 +203,7 @@ def config_problems(cfg) -> list[str]:
         "intermediate_size": (optional_min(1), "null (the target's) or >= 1"),
         "loss": (lambda v: v in ("kl", "argmax", "topk"), "expected one of kl | argmax | topk"),
         "loss_topk": (lambda v: v >= 1, "the target's top tokens the loss keeps, >= 1"),
+        "fc_outlier_ratio": (lambda v: v == 0 or v > 1, "0 (off) or a ratio to the median channel RMS above 1"),
     }
     family = families.FAMILIES.get(get("head.family"))  # an unknown one is named by the CHOICES check above
     if family is not None:

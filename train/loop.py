@@ -186,6 +186,25 @@ def forward_backward(
     return figures
 
 
+@torch.no_grad()
+def calibrate_fc_input(head, features, data, cfg, accelerator, pad_id: int) -> None:
+    """head.fc_outlier_ratio: fc's input channel RMS over the first batch of every rank, then the head's scale."""
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise ConfigError("head.fc_outlier_ratio needs the whole head on every rank: use DDP or one process")
+    idx = epoch_batches(data, cfg, 0, accelerator.process_index, accelerator.num_processes)[0]
+    batch = {k: v.to(accelerator.device) for k, v in collate([data.train[i] for i in idx], pad_id).items()}
+    x = head.fc_input(features(idx, batch).aux.to(head.fc.weight.dtype))  # [B, T, 3·Ht]
+    rows = batch["attention_mask"].bool()
+    sq, n = x[rows].float().pow(2).sum(0), rows.sum().float()
+    rms = head.calibrate_fc_input(accelerator.reduce(sq, "sum"), accelerator.reduce(n, "sum"))
+    scaled = (head.fc_in_scale < 1).nonzero().flatten().tolist()
+    print0(
+        accelerator,
+        f"fc input: {len(scaled)} channel(s) above {head.config.fc_outlier_ratio:g}x the median RMS "
+        f"{rms.median().item():.2f} scaled to it: " + ", ".join(f"{c} (RMS {rms[c].item():.0f})" for c in scaled[:8]),
+    )
+
+
 def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     """Train `head` on `data` against the frozen `target`; returns the final eval metrics."""
     run_dir, device = Path(cfg.output_dir), accelerator.device
@@ -223,6 +242,9 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         if accelerator.is_main_process:  # lines a kill left past the checkpoint (steps redone now), a torn one
             trim_metrics(run_dir / "metrics.jsonl", pos.step)
         print0(accelerator, f"resumed from {ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.cursor})")
+
+    if getattr(raw.config, "fc_outlier_ratio", 0) and pos.step == 0:
+        calibrate_fc_input(raw, features, data, cfg, accelerator, target.pad_id)
 
     def save(metrics: dict) -> None:
         accelerator.wait_for_everyone()

@@ -37,6 +37,9 @@ class Eagle3Config:
     # per aux state (`fc_norm.{i}`)
     norm_before_fc: bool = False
     fc_norm: bool = False
+    # fc reads the channels whose RMS is above `fc_outlier_ratio` x the median channel's scaled down to that median
+    # (buffer `fc_in_scale`, set from the first training batch; export folds it into fc.weight): 0 = off
+    fc_outlier_ratio: float = 0.0
     hidden_act: str = "silu"
     ttt_steps: int = 7
     target_model_type: str = "llama"
@@ -56,6 +59,7 @@ class Eagle3Config:
             norm_before_residual=head.norm_before_residual,
             norm_before_fc=head.norm_before_fc,
             fc_norm=head.fc_norm,
+            fc_outlier_ratio=head.fc_outlier_ratio,
             intermediate_size=head.intermediate_size,
         )
 
@@ -264,6 +268,8 @@ class Eagle3Head(nn.Module):
         if cfg.fc_norm:
             self.fc_norm = nn.ModuleList([RMSNorm(Ht, cfg.rms_norm_eps) for _ in range(n_aux)])
         self.fc = nn.Linear(n_aux * Ht, H, bias=False)
+        if cfg.fc_outlier_ratio:
+            self.register_buffer("fc_in_scale", torch.ones(n_aux * Ht))
         self.layers = nn.ModuleList([DecoderLayer(cfg)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
@@ -300,7 +306,19 @@ class Eagle3Head(nn.Module):
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """[B, T, 3·Ht] target aux states -> [B, T, H] first-step hidden input (vLLM's combine_hidden_states)."""
-        return self.fc(self.fc_input(aux))
+        x = self.fc_input(aux)
+        return self.fc(x * self.fc_in_scale.to(x.dtype) if self.config.fc_outlier_ratio else x)
+
+    @torch.no_grad()
+    def calibrate_fc_input(self, sq_sum: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Set `fc_in_scale` from the per-channel sum of squares of fc's input over `rows` rows: channels above
+        fc_outlier_ratio x the median RMS are scaled to the median (SmolLM2's aux states carry one near 1,000 where
+        the median is ~4: through it, every Adam step on fc moves the fused state ~260x as much). Returns the RMS."""
+        rms = (sq_sum / rows.clamp(min=1)).sqrt()  # [3·Ht]
+        med = rms.median()
+        outlier = rms > self.config.fc_outlier_ratio * med
+        self.fc_in_scale.copy_(torch.where(outlier, med / rms, torch.ones_like(rms)))
+        return rms
 
     def fc_input(self, aux: torch.Tensor) -> torch.Tensor:
         """What fc reads: the aux states, through `input_norm` then the per-state `fc_norm`s where configured."""
@@ -327,3 +345,13 @@ class Eagle3Head(nn.Module):
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything vLLM loads: all parameters and buffers except the frozen target embedding."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")}
+
+
+def fold_fc_input_scale(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A head state with `fc_in_scale` folded into fc.weight (fc(x·s) = (W·diag(s))·x): vLLM's tensor set."""
+    if "fc_in_scale" not in state:
+        return state
+    state = dict(state)
+    scale = state.pop("fc_in_scale")
+    state["fc.weight"] = state["fc.weight"] * scale.to(state["fc.weight"].dtype)[None, :]
+    return state

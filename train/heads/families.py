@@ -99,6 +99,7 @@ EAGLE3 = Family(
         "norm_before_residual",
         "norm_before_fc",
         "fc_norm",
+        "fc_outlier_ratio",
         "intermediate_size",
         "loss",
         "loss_topk",

@@ -6,8 +6,10 @@ the first costs with data.features=memory|offline).
     python bench/train_step.py --tokens 1024 --repeats 5 --families eagle3 --threads 1
 
 All settings are timed in one process, interleaved round by round (A B A B ...), so a neighbour's load hits
-each alike; the table reports the median step and its ratio to the first setting. Not a test: the figures
-depend on the machine (and print its CPU flags that matter).
+each alike; the table reports the median step and its ratio to the first setting. It also counts each step's
+matmul FLOPs (forward + backward = 3x the forward's, attention included) and reports the achieved FLOP/s against
+the machine's GEMM peak, measured in the same rounds (a square matmul of the same precision and threads).
+Not a test: the figures depend on the machine (and print its CPU flags that matter).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import statistics
 import time
 
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoConfig
 
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 from draftsmith.train.objective import per_head_loss
+from draftsmith.train.optim import build_optimizer
 from draftsmith.train.ttt.unroll import ttt_unroll
 
 
@@ -35,7 +39,30 @@ def cpu_flags() -> str:
     )
 
 
-def make_step(family: str, tc, tokens: int, vocab: int, ttt: int):
+def step_flops(family: str, tc, B: int, T: int, vocab: int, ttt: int) -> float:
+    """Matmul FLOPs of one training step (forward + backward = 3x the forward), the way the code computes it:
+    EAGLE-3 runs fc once and the layer + lm_head on every row at every TTT step (the lm_head and the vocab softmax
+    only on supervised rows: all rows here), attention over all T step-0 keys at every step."""
+    H, n = tc.hidden_size, B * T
+    if family == "eagle3":
+        hd = getattr(tc, "head_dim", None) or H // tc.num_attention_heads
+        nh, nkv, inter = tc.num_attention_heads, tc.num_key_value_heads, tc.intermediate_size
+        layer = 2 * H * (nh + 2 * nkv) * hd + nh * hd * H + 3 * H * inter + H * vocab  # MACs per row
+        attn = 2 * T * nh * hd  # scores + weighted values per row, over T keys
+        fwd = n * 3 * H * H + ttt * n * (layer + attn)
+    else:  # per head: proj (H -> H), lm_head (H -> V)
+        fwd = ttt * n * (H * H + H * tc.vocab_size)
+    return 3 * 2 * fwd
+
+
+def gemm_peak(precision: str, size: int = 2048):
+    """A closure timing one [size x size] @ [size x size] matmul; returns its FLOPs."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    return lambda: (a @ b, 2 * size**3)[1]
+
+
+def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "adamw"):
     """A closure running one full training step on random features shaped like the target's."""
     torch.manual_seed(0)
     B, T = max(1, tokens // 512), min(tokens, 512)  # packed like data.max_tokens_per_batch, 512-token samples
@@ -60,7 +87,7 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int):
             return per_head_loss(head, last.float(), ids, mask, [0.8**i for i in range(ttt)]).loss
 
     params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = build_optimizer(OmegaConf.create({"name": optim, "lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0}), head)
 
     def step(precision: str) -> None:
         ctx = (
@@ -73,7 +100,7 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return step, B * T
+    return step, B * T, step_flops(family, tc, B, T, vocab, ttt)
 
 
 def main() -> None:
@@ -86,6 +113,7 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt", type=int, default=3, help="TTT steps / speculator heads")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--optim", default="adamw", help="optim.name: adamw | muon (Muon's Newton-Schulz steps cost time)")
     args = ap.parse_args()
     from draftsmith.train.build import resolve_target
 
@@ -96,8 +124,10 @@ def main() -> None:
         for t in args.threads.split(",")
         for p in args.precisions.split(",")
     ]
-    steps = {f: make_step(f, tc, args.tokens, args.draft_vocab, args.ttt) for f in args.families.split(",")}
+    steps = {f: make_step(f, tc, args.tokens, args.draft_vocab, args.ttt, args.optim) for f in args.families.split(",")}
+    peaks = {p: gemm_peak(p) for p in args.precisions.split(",")}
     times: dict = {s: [] for s in settings}
+    peak_times: dict = {(p, int(t)): [] for p in peaks for t in args.threads.split(",")}
     for r in range(args.repeats + 1):  # round 0 warms up (allocator, oneDNN kernels) and is dropped
         for s in settings:
             family, precision, threads = s
@@ -106,20 +136,32 @@ def main() -> None:
             steps[family][0](precision)
             if r:
                 times[s].append(time.perf_counter() - t0)
+        for p, t in peak_times:
+            torch.set_num_threads(t)
+            t0 = time.perf_counter()
+            flops = peaks[p]()
+            if r:
+                peak_times[p, t].append(flops / (time.perf_counter() - t0))
+    peak = {k: statistics.median(v) for k, v in peak_times.items()}
     print(
-        f"CPU flags: {cpu_flags()}; {args.tokens} tokens/step, draft vocab {args.draft_vocab}, TTT/heads {args.ttt}, "
-        f"median of {args.repeats} interleaved rounds"
+        f"CPU flags: {cpu_flags()}; optimizer {args.optim}; {args.tokens} tokens/step, draft vocab "
+        f"{args.draft_vocab}, TTT/heads {args.ttt}, median of {args.repeats} interleaved rounds"
     )
-    print("| family | precision | threads | s/step | tok/s | vs first of family |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "GEMM peak (2048^3 matmul): "
+        + ", ".join(f"{p} {t} thread(s) {v / 1e9:.0f} GFLOP/s" for (p, t), v in sorted(peak.items()))
+    )
+    print("| family | precision | threads | s/step | tok/s | vs first of family | GFLOP/s | of GEMM peak |")
+    print("|---|---|---|---|---|---|---|---|")
     first = {}
     for s in settings:
         family, precision, threads = s
         med = statistics.median(times[s])
         first.setdefault(family, med)
+        achieved = steps[family][2] / med
         print(
             f"| {family} | {precision} | {threads} | {med:.3f} | {steps[family][1] / med:.0f} "
-            f"| {first[family] / med:.2f}x |"
+            f"| {first[family] / med:.2f}x | {achieved / 1e9:.1f} | {achieved / peak[precision, threads]:.0%} |"
         )
 
 

@@ -91,13 +91,15 @@ def test_argmax_loss_is_cross_entropy_on_the_greedy_token(tiny_model):
     torch.testing.assert_close(out.loss, want)
 
 
-def test_orthogonalise_flattens_the_spectrum():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_orthogonalise_flattens_the_spectrum(dtype):
     torch.manual_seed(0)
     for shape in ((64, 192), (192, 64)):
         g = torch.randn(*shape) @ torch.diag(torch.logspace(-2, 2, shape[1]))  # condition number 1e4
-        s = torch.linalg.svdvals(orthogonalise(g))
-        assert s.max() < 1.3 and s.median() > 0.6, s  # Newton-Schulz's quintic: singular values near 1
-        assert orthogonalise(g).shape == g.shape
+        out = orthogonalise(g, dtype=dtype)
+        s = torch.linalg.svdvals(out)
+        assert s.max() < 1.35 and s.median() > 0.6, s  # Newton-Schulz's quintic: singular values near 1
+        assert out.shape == g.shape and out.dtype == g.dtype
 
 
 def test_muon_groups_and_adamw_part_equals_torch_adamw(tiny_model):

@@ -22,10 +22,11 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 OUTPUT_SIDE = ("lm_head", "head.", "emb.", "embed_tokens")  # parameter-name prefixes that stay with AdamW
 
 
-def orthogonalise(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """[m, n] -> approximately U·Vᵀ of g's SVD (singular values pushed towards 1), in g's dtype."""
+def orthogonalise(g: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype=torch.float32) -> torch.Tensor:
+    """[m, n] -> approximately U·Vᵀ of g's SVD (singular values pushed towards 1), in g's dtype. The iteration
+    runs in `dtype`: bf16 is what Muon's reference uses (~6x faster than fp32 on an AMX CPU for fc's shape)."""
     a, b, c = NS_COEFFS
-    x = g.float()
+    x = g.to(dtype)
     tall = x.shape[0] > x.shape[1]
     if tall:
         x = x.T
@@ -40,10 +41,10 @@ class MuonAdamW(torch.optim.Optimizer):
     """Param groups with `muon=True` take Muon steps (2-D parameters only), the others AdamW steps."""
 
     def __init__(self, groups: list[dict], lr: float, betas=(0.9, 0.95), weight_decay: float = 0.0, eps=1e-8,
-                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5):  # fmt: skip
+                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5, ns_bf16: bool = False):  # fmt: skip
         defaults = dict(
             lr=lr, betas=tuple(betas), weight_decay=weight_decay, eps=eps, momentum=momentum, nesterov=nesterov,
-            ns_steps=ns_steps, muon=False,
+            ns_steps=ns_steps, ns_bf16=ns_bf16, muon=False,
         )  # fmt: skip
         super().__init__(groups, defaults)
         for group in self.param_groups:
@@ -71,7 +72,8 @@ class MuonAdamW(torch.optim.Optimizer):
                     buf.mul_(mu).add_(p.grad)
                     update = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
                     scale = 0.2 * max(p.shape) ** 0.5  # update RMS of AdamW's (Muon is scalable, sec. 2.2)
-                    p.add_(orthogonalise(update, group["ns_steps"]), alpha=-lr * scale)
+                    ns_dtype = torch.bfloat16 if group["ns_bf16"] else torch.float32
+                    p.add_(orthogonalise(update, group["ns_steps"], dtype=ns_dtype), alpha=-lr * scale)
                 else:
                     if not state:
                         state["step"] = torch.zeros((), dtype=torch.float32)
@@ -110,5 +112,8 @@ def build_optimizer(optim_cfg, head: nn.Module, distributed: str = "no") -> torc
                 f"optim.name=muon orthogonalises whole weight matrices; {distributed} shards them. "
                 "Use optim.name=adamw or a DDP/single-process launch"
             )
-        return MuonAdamW(muon_groups(head), **kw)
+        from draftsmith.train.build import fast_bf16
+
+        device = next(p.device for p in head.parameters())
+        return MuonAdamW(muon_groups(head), ns_bf16=fast_bf16(device), **kw)  # bf16 Newton-Schulz where it is faster
     raise ConfigError(f"optim.name={name!r}: expected adamw | muon")

@@ -84,7 +84,10 @@ LEVERS = {
             "data.features_dtype=bf16",
         ],
     ),
-    "own": ("the target's own answers to the same conversations' first turns", ["data.path=regen:sharegpt"]),
+    "own": (
+        "the target's own answers to the same 200 conversations' first turns (eq200's split kept)",
+        ["data.path=regen:{eqsource}", "data.num_conversations=null"],
+    ),
     "nbfc": ("RMSNorm over the aux states before fc (vLLM norm_before_fc)", ["head.norm_before_fc=true"]),
     "fcnorm": ("RMSNorm per aux state before fc (vLLM fc_norm)", ["head.fc_norm=true"]),
     "outlier8": (
@@ -110,6 +113,29 @@ def served(spec: str) -> str:
     return spec.replace("+", "_")
 
 
+def equal_data_source(out: Path, n_train: int = 200, n_heldout: int = 64, seed: int = 0) -> Path:
+    """eq200's conversations (its first `n_train` training ones and its `n_heldout` held-out ones, in source order)
+    as a JSONL file, so that lever `own` re-answers exactly those: the held-out split of this file is eq200's
+    (the smallest hashes of the window stay the smallest in any subset holding them)."""
+    path = out / "eq200_source.jsonl"
+    if path.is_file():
+        return path
+    from draftsmith.atomic import atomic_write
+    from draftsmith.train.data.conversations import read_conversations, split_heldout
+    from draftsmith.train.data.dataset import HELDOUT_WINDOW
+
+    convs = list(read_conversations("sharegpt", limit=HELDOUT_WINDOW))
+    _, held = split_heldout(convs, n_heldout, seed)
+    held_ids = {c.id for c in held}
+    keep = held_ids | set([c.id for c in convs if c.id not in held_ids][:n_train])
+    lines = [json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in convs if c.id in keep]
+    atomic_write(path, "".join(lines).encode())
+    return path
+
+
+EQSOURCE: dict = {}  # {"path": ...} once main() knows --out
+
+
 def overrides(spec: str, regen: str | None, features: str | None = None) -> list[str]:
     parts = spec.split("+")
     unknown = [p for p in parts if p not in LEVERS]
@@ -125,6 +151,8 @@ def overrides(spec: str, regen: str | None, features: str | None = None) -> list
                 if not regen:
                     raise SystemExit(f"lever {p!r} needs --regen-data (make it with `draftsmith regenerate`)")
                 o = o.format(regen=regen)
+            if "{eqsource}" in o:
+                o = o.format(eqsource=EQSOURCE["path"])
             if "{features}" in o:
                 if not features:  # train/run.py extracts into the cache, before its clock starts (once)
                     continue
@@ -285,6 +313,9 @@ def main() -> int:
     os.environ.setdefault("WANDB_MODE", "disabled")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    EQSOURCE["path"] = str(out / "eq200_source.jsonl")
+    if any("own" in s.split("+") for s in args.levers.split(",")):
+        equal_data_source(out)
     specs = [s for s in args.levers.split(",") if s]
     if args.curve and args.curve not in specs:
         specs.append(args.curve)

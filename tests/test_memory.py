@@ -48,6 +48,11 @@ def test_offline_features_keep_only_the_target_ends():
     assert e["layouts"]["ddp"]["target forward (transient)"] == 0
     whole = estimate(compose("conf=eagle3_llama70b", "data.features=online"), processes=8)
     assert whole["layouts"]["ddp"]["target weights"] > 50 * e["layouts"]["ddp"]["target weights"]
+    assert e["stream_producer_gib"] is None and whole["stream_producer_gib"] is None
+    # stream: the rank holds the same ends; the whole target sits in its producer process, reported apart
+    stream = estimate(compose("conf=eagle3_llama70b", "data.features=stream"), processes=8)
+    assert stream["layouts"]["ddp"]["target weights"] == e["layouts"]["ddp"]["target weights"]
+    assert stream["stream_producer_gib"] == pytest.approx(whole["layouts"]["ddp"]["target weights"])
 
 
 def test_tiny_dry_run_matches_the_built_models(tiny_target_dir, tmp_path):

@@ -68,3 +68,23 @@ def test_offline_training_on_the_target_ends_equals_the_whole_target(tiny_target
         assert acc_a == acc_b  # the stored argmax is the target's
         assert abs(loss_a - loss_b) < 1e-5 and abs(sim_a - sim_b) < 1e-6
     assert ends_logs[-2]["target_tokens"] == 0
+
+
+def test_stream_training_on_the_target_ends_equals_online_bit_for_bit(tiny_target_dir, data_file, tmp_path):  # noqa: F811
+    """data.features=stream: the target runs in a producer process, the training process holds its ends only, and
+    every loss and held-out figure equals the online run's exactly (same batches, same kernels, same threads)."""
+    import os
+
+    args = lambda name, *extra: overrides(tiny_target_dir, data_file, tmp_path / name, "eval_every=4", *extra)  # noqa: E731
+    online_logs, _ = train_logged(args("online"), ends_only=False)
+    stream_logs, ends = train_logged(args("stream", "data.features=stream", "data.max_disk=3M"), ends_only=True)
+    assert isinstance(ends, TargetEnds)
+    for key in ("loss", "eval/acc", "eval/loss", "eval/sim_accept_len"):
+        a = [r[key] for r in online_logs if key in r]
+        b = [r[key] for r in stream_logs if key in r]
+        assert a == b and a, key
+    root = tmp_path / "stream" / "stream_features" / "rank-00000"
+    stats = json.loads((root / "stream_stats.json").read_text())
+    assert stats["pid"] != os.getpid() and stats["shards"] >= 11  # computed in the producer process
+    assert stats["target_tokens"] >= stream_logs[-2]["target_tokens"] > 0  # (it also ran ahead past the end)
+    assert not list(root.glob("stream-*")) and not list(root.glob("heldout-*"))  # consumed and deleted

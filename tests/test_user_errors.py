@@ -230,15 +230,20 @@ def test_a_fresh_run_never_mixes_with_an_earlier_one(tiny_target_dir, data_file,
     assert [(r["step"], r["loss"] != 9.0) for r in rows if "loss" in r] == [(1, True)]
 
 
-def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tiny_target_dir, data_file, tmp_path):
+@pytest.mark.parametrize("features", ["online", "stream"])
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tiny_target_dir, data_file, tmp_path, features):
+    """A terminal's Ctrl-C (SIGINT to the whole process group: with stream features, the producer process too)."""
     run = tmp_path / "run"
-    cmd = [sys.executable, str(RUN), *tiny_args(tiny_target_dir, data_file, run, "optim.max_steps=400")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    extra = ("optim.max_steps=400", f"data.features={features}")
+    cmd = [sys.executable, str(RUN), *tiny_args(tiny_target_dir, data_file, run, *extra)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+    )
     metrics, deadline = run / "metrics.jsonl", time.time() + 600
     try:
         while time.time() < deadline and proc.poll() is None:
             if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
-                proc.send_signal(signal.SIGINT)
+                os.killpg(proc.pid, signal.SIGINT)
                 break
             time.sleep(0.05)
         out, err = proc.communicate(timeout=300)
@@ -253,7 +258,11 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tiny_target_dir, data_fi
     assert f"interrupted (Ctrl-C) at step {stopped}: checkpoint saved" in err
     assert [c.name for c in checkpoints(run)] == [f"step_{stopped:08d}"]  # save_every=0: only the Ctrl-C save
 
-    p = run_tiny(tiny_target_dir, data_file, run, f"optim.max_steps={stopped + 2}", "resume=auto")
+    if features == "stream":  # the producer stopped cleanly after the save (it wrote its stats, then exited)
+        stats = json.loads((run / "stream_features" / "rank-00000" / "stream_stats.json").read_text())
+        assert not Path(f"/proc/{stats['pid']}").exists()
+
+    p = run_tiny(tiny_target_dir, data_file, run, f"optim.max_steps={stopped + 2}", "resume=auto", extra[1])
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"resumed from {run / 'checkpoints' / f'step_{stopped:08d}'}" in p.stdout
     assert loss_steps(run) == list(range(1, stopped + 3))  # each step once: the Ctrl-C step is not redone

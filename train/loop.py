@@ -233,7 +233,8 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     model, optimizer = accelerator.prepare(objective.wrap(head), optimizer)
     raw = accelerator.unwrap_model(model).head
     features = build_feature_source(cfg, target, objective.vocab_ids(raw), data, objective.family, accelerator)
-    heldout = heldout_feature_source(cfg, target, objective.vocab_ids(raw), data)  # offline: eval from disk too
+    # offline: eval from disk too; stream: from the producer process
+    heldout = heldout_feature_source(cfg, target, objective.vocab_ids(raw), data, features)
 
     pos = Position()
     if cfg.resume:

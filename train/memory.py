@@ -9,8 +9,9 @@ counts are exact. Activations are an upper-bound estimate for the largest batch 
 (`max_tokens_per_batch` tokens, sequences of `max_length`), every position supervised.
 
 Layouts: the frozen target is never given to accelerate (it is not trained), so it is whole on every rank;
-with data.features=offline a rank loads only its ends (train/target.py TargetEnds: the embedding, the final
-norm and the draft vocab's lm_head rows; held-out eval reads stored features), which is what is counted then.
+with data.features=offline or stream a rank loads only its ends (train/target.py TargetEnds: the embedding, the
+final norm and the draft vocab's lm_head rows; held-out eval reads stored features or asks the stream producer),
+which is what is counted then. A stream rank's producer process holds the whole target: reported on its own line.
 The head and its AdamW state are replicated under DDP;
 ZeRO-1 shards the optimizer state, ZeRO-2 (and FSDP SHARD_GRAD_OP) also the gradients, ZeRO-3 (and FSDP
 FULL_SHARD) also the parameters.
@@ -145,7 +146,7 @@ def estimate(cfg, processes: int) -> dict:
     tdtype = cfg.target.dtype if cfg.target.dtype != "auto" else ("bfloat16" if mp != "no" else "float32")
     act_bytes = 2 if mp in ("bf16", "auto") else 4  # "auto" is bf16 on every GPU this is meant for
     acts = activation_bytes(cfg, s.config, act_bytes)
-    ends_only = cfg.data.get("features") == "offline" and cfg.head.get("init") != "target"
+    ends_only = cfg.data.get("features") in ("offline", "stream") and cfg.head.get("init") != "target"
     target_w = (target_ends_params(cfg, s.config) if ends_only else s.target_params) * DTYPE_BYTES[tdtype]
     if ends_only:
         acts["target forward (transient)"] = 0
@@ -168,6 +169,10 @@ def estimate(cfg, processes: int) -> dict:
         "head_trainable_params": s.head_trainable,
         "head_frozen_params": s.head_frozen,
         "layouts": rows,
+        # data.features=stream: each rank's producer process (the whole target and its forward, beside the rank)
+        "stream_producer_gib": (s.target_params * DTYPE_BYTES[tdtype]) / GiB
+        if cfg.data.get("features") == "stream"
+        else None,
     }
 
 
@@ -187,4 +192,9 @@ def report(cfg, processes: int) -> str:
     ]
     for name, row in e["layouts"].items():
         lines.append(f"| {name} | " + " | ".join(f"{row[c]:.1f}" for c in cols) + " |")
+    if e["stream_producer_gib"] is not None:
+        lines.append(
+            f"\ndata.features=stream: beside each rank, its producer process holds the whole target "
+            f"({e['stream_producer_gib']:.1f} GiB of weights, plus its forward's activations)"
+        )
     return "\n".join(lines)

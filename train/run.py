@@ -81,8 +81,9 @@ def run(cfg: DictConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(sys.argv)}\n")
     save_config()
-    # features from disk: the target's decoder layers stay off this rank (init=target copies its last layer)
-    ends_only = cfg.data.features == "offline" and cfg.head.init != "target"
+    # features from disk or from a producer process: the target's decoder layers stay off this rank (init=target
+    # copies its last layer)
+    ends_only = cfg.data.features in ("offline", "stream") and cfg.head.init != "target"
     stats_dir = run_dir if accelerator.is_main_process else None
     target, tokenizer, data, vocab = build_run(cfg, accelerator.device, stats_dir, log=log, ends_only=ends_only)
     if cfg.data.features == "offline":

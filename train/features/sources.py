@@ -9,7 +9,8 @@ Memory: (n_aux + 1) * H values per token in the target's dtype, 4.6 KB/token for
 `offline` reads the same two tensors per sample from shards `draftsmith extract` wrote (data.features_dir), after
 checking they were extracted for this run's target, aux layers, tokenizer and samples (and, as each shard is first
 read, that its bytes are still the ones extracted: size and sha256 against the manifest). `stream` runs the target
-in a producer thread ahead of the trainer into a disk buffer bounded by data.max_disk (stream.py).
+in a producer process ahead of the trainer into a disk buffer bounded by data.max_disk (stream_process.py,
+stream.py), so the training rank holds only the target's ends (embedding, final norm, lm_head rows).
 Every mode hands the objective the same tensors: stored features are cast back to the target's dtype and the
 logits rebuilt from `last`, so a batch's loss is the same whichever mode produced its features.
 """
@@ -68,7 +69,7 @@ class FeatureSource:
         if self.mode == "stream":
             rows = self.stream.take(indices)
             self.computed_tokens = self.stream.stats["target_tokens"]
-            return [(r.get("aux"), r["last"], None) for r in rows]
+            return [(r.get("aux"), r["last"], r["top"].long() if "top" in r else None) for r in rows]
         out = []  # offline
         ids_cpu = ids.cpu()
         for b, i in enumerate(indices):
@@ -236,33 +237,27 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
                 f"another size ({'; '.join(list(gone.values())[:5])}). " + redo_advice(root)
             )
         return FeatureSource(target, vocab_ids, mode, disk=ShardStore(root, manifest))
-    if mode == "stream":
-        from draftsmith.train.data.dataset import epoch_batches
-        from draftsmith.train.features.stream import StreamProducer
+    if mode == "stream":  # the target runs in a producer process of this rank's own (stream_process.py)
+        from draftsmith.train.features.stream_process import StreamClient
 
         rank, world = accelerator.process_index, accelerator.num_processes
         base = Path(cfg.data.get("features_dir") or Path(cfg.output_dir) / "stream_features")
         max_disk = cfg.data.get("max_disk")
         budget = parse_size(max_disk) // world if max_disk else None  # each process buffers its own batches
-        producer = StreamProducer(
-            base / f"rank-{rank:05d}",
-            target,
-            data.train,
-            lambda epoch: epoch_batches(data, cfg, epoch, rank, world),
-            fields,
-            target.dtype,
-            budget,
-            log=lambda *a: print(*a, flush=True) if accelerator.is_main_process else None,
-        )
-        return FeatureSource(target, vocab_ids, mode, stream=producer)
+        client = StreamClient(cfg, rank, world, base / f"rank-{rank:05d}", budget, accelerator.device, fields)
+        return FeatureSource(target, vocab_ids, mode, stream=client)
     return FeatureSource(target, vocab_ids, mode)  # raises: an unknown mode
 
 
-def heldout_feature_source(cfg, target, vocab_ids, data) -> FeatureSource | None:
-    """Held-out eval from disk: FEATURES_DIR/heldout when data.features=offline and it holds exactly this run's
-    held-out samples (extracted with the training ones since they carry the target's argmax); else None, and
-    held-out eval runs the target online."""
+def heldout_feature_source(cfg, target, vocab_ids, data, features: FeatureSource | None = None) -> FeatureSource | None:
+    """Held-out eval without the target's decoder layers on this rank: with data.features=stream, from the run's
+    producer process (`features`, the training source); with offline, from FEATURES_DIR/heldout when it holds exactly
+    this run's held-out samples (extracted with the training ones since they carry the target's argmax). Else None,
+    and held-out eval runs the target online."""
     from draftsmith.train.features.shards import HELDOUT_DIR, ShardStore, load_manifest
+
+    if cfg.data.features == "stream" and features is not None and data.heldout:
+        return FeatureSource(target, vocab_ids, "stream", stream=features.stream.heldout)
 
     root = cfg.data.get("features_dir")
     if cfg.data.features != "offline" or not root or not data.heldout:

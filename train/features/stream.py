@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -71,6 +72,7 @@ class StreamProducer:
             "resyncs": 0,
             "budget_bytes": budget,
             "ahead": ahead,
+            "pid": os.getpid(),  # the process the target ran in
         }
 
     def _compute(self, indices: list[int]) -> list[dict]:
@@ -151,8 +153,10 @@ class StreamProducer:
         self.thread = threading.Thread(target=self._run, args=(epoch, i), name="draftsmith-stream", daemon=True)
         self.thread.start()
 
-    def take(self, indices: list[int]) -> list[dict]:
-        """The feature rows of the batch `indices` (in its order): from the buffer, or computed now on a resync."""
+    def take_file(self, indices: list[int]) -> tuple[Path, int]:
+        """The shard file holding the batch `indices` (its rows in order) and its bytes, which stay counted against
+        the budget until `release`: the reader deletes the file once read. From the buffer, or computed now when
+        the batch is not buffered (the first call, or the trainer left the schedule: a resume)."""
         key = tuple(indices)
         with self.cond:
             while self.thread is not None and not self.queue and self.error is None:
@@ -166,18 +170,18 @@ class StreamProducer:
                     path.unlink(missing_ok=True)
                     self.used -= n
                 _, path, n = self.queue.popleft()
-                tensors = st_load(path.read_bytes())
-                path.unlink()
-                self.used -= n
-                self.cond.notify_all()
-                return _rows(tensors, self.fields)
-        # not buffered: the first call, or the trainer left the schedule (a resume); compute it, restart behind it
+                return path, n  # still counted in self.used: the reader deletes it, then `release`
         first = self.thread is None and self.stats["shards"] == 0
         self.stats["resyncs"] += 0 if first else 1
         self._stop()
         found = self._locate(indices, 0 if first else self.epoch)
         rows = self._compute(indices)
         self.stats["target_tokens"] += sum(len(self.samples[j].input_ids) for j in indices)
+        blob = pack_shard(rows, self.dtype, self.fields, {"format": FORMAT, "stream": "1"})
+        path = self.root / f"stream-resync-{self.stats['resyncs']:06d}.safetensors"
+        path.write_bytes(blob)
+        with self.cond:
+            self.used += len(blob)
         if found is None:
             self.log(
                 f"stream: batch {list(indices)[:8]} is not in the next {MAX_SEARCH_EPOCHS} epochs' schedule; "
@@ -185,7 +189,13 @@ class StreamProducer:
             )
         else:
             self._start(found[0], found[1] + 1)
-        return [{k: r[k] for k in ("index", "input_ids", "loss_mask", *self.fields)} for r in rows]
+        return path, len(blob)
+
+    def release(self, nbytes: int) -> None:
+        """A shard `take_file` handed out was read and deleted: its bytes leave the budget."""
+        with self.cond:
+            self.used -= nbytes
+            self.cond.notify_all()
 
     def close(self) -> dict:
         """Stop the producer, delete the buffer, and write stream_stats.json (peak disk use, shards, resyncs)."""
@@ -194,6 +204,13 @@ class StreamProducer:
             p.unlink()
         (self.root / "stream_stats.json").write_text(json.dumps(self.stats, indent=1) + "\n")
         return self.stats
+
+
+def read_rows(path: Path, fields) -> list[dict]:
+    """A stream shard's per-sample rows; the file is deleted once read (the buffer's bytes are the reader's)."""
+    tensors = st_load(Path(path).read_bytes())
+    Path(path).unlink()
+    return _rows(tensors, fields)
 
 
 def _rows(tensors: dict, fields) -> list[dict]:

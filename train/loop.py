@@ -10,8 +10,9 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate.utils import DistributedType
@@ -205,10 +206,136 @@ def calibrate_fc_input(head, features, data, cfg, accelerator, pad_id: int) -> N
     )
 
 
-def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
-    """Train `head` on `data` against the frozen `target`; returns the final eval metrics."""
-    run_dir, device = Path(cfg.output_dir), accelerator.device
-    target.to(device)
+@dataclass
+class Session:
+    """Everything one training run holds between steps: the prepared head, its optimizer and schedule, the feature
+    sources, the data position; `train` drives it step by step."""
+
+    cfg: Any
+    accelerator: Any
+    target: Any
+    data: Any
+    model: torch.nn.Module  # the objective-wrapped head accelerate prepared (one forward call)
+    raw: torch.nn.Module  # the head itself
+    objective: Any
+    optimizer: Any
+    scheduler: Any
+    clock: dict  # {"time_frac": share of optim.max_minutes used}, read by the schedule
+    features: Any  # the training batches' FeatureSource
+    heldout: Any  # the held-out samples' FeatureSource, or None (eval runs the target)
+    total: int  # optimizer steps planned
+    trainable: list  # the head's trainable parameters (clipped together)
+    pos: Position = field(default_factory=Position)
+    tracker: Any = None
+    start: float = 0.0  # time.time() at step 0 of the run (earlier sessions' seconds included)
+
+    @property
+    def world(self) -> int:
+        return self.accelerator.num_processes
+
+    @property
+    def accum(self) -> int:
+        return self.cfg.optim.grad_accum
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This rank's micro-batches of `epoch` (sample indices), in order."""
+        return epoch_batches(self.data, self.cfg, epoch, self.accelerator.process_index, self.world)
+
+    def step(self, micro: list[list[int]], stop_requested: bool) -> tuple[StepFigures, Any, int]:
+        """One optimizer step over the micro-batches `micro`: (its figures reduced over ranks, the gradient norm
+        before clipping, supervised tokens over all ranks). Advances the lr schedule."""
+        cfg, device, pad = self.cfg, self.accelerator.device, self.target.pad_id
+        collated = [
+            {k: v.to(device) for k, v in collate([self.data.train[i] for i in idx], pad).items()} for idx in micro
+        ]
+        if cfg.data.supervise == "all":  # prompt rows too: the target's distribution is known everywhere
+            for b in collated:
+                b["loss_mask"] = b["attention_mask"].to(b["loss_mask"].dtype)
+        counts = global_counts(self.objective, collated, self.accelerator)  # [K + 1]
+        self.optimizer.zero_grad(set_to_none=True)
+        figures = forward_backward(
+            self.model, self.objective, self.features, micro, collated, counts, self.accelerator, self.world
+        )
+        figures = figures.reduce(self.accelerator, time.time() - self.start, stop_requested)
+        if not torch.isfinite(figures.loss):
+            ids = [self.data.train[i].conv_id for idx in micro for i in idx]
+            raise NonFiniteLoss(
+                f"loss is {figures.loss.item()} at step {self.pos.step} (epoch {self.pos.epoch}, batch "
+                f"{self.pos.cursor}, conversations on rank {self.accelerator.process_index}: {ids[:8]}); weights "
+                f"not updated, last good checkpoint kept in {cfg.output_dir}/checkpoints"
+            )
+        grad_norm = self.accelerator.clip_grad_norm_(self.trainable, cfg.optim.grad_clip)
+        self.optimizer.step()
+        if cfg.optim.max_minutes:
+            self.clock["time_frac"] = figures.clock_s / self.world / (60 * cfg.optim.max_minutes)
+        self.scheduler.step()
+        return figures, grad_norm, int(counts[-1])
+
+    def metrics(self, figures: StepFigures, grad_norm, elapsed: float) -> dict:
+        pos = self.pos
+        return {
+            "step": pos.step,
+            "epoch": pos.epoch,
+            "tokens": pos.tokens,
+            "loss": figures.loss.item(),
+            "lr": self.scheduler.get_last_lr()[0],
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "acc": [round(a.item(), 4) for a in figures.accs],
+            "losses": [round(x.item(), 4) for x in figures.losses],
+            "tok_per_s": pos.tokens / max(elapsed, 1e-9),
+            "elapsed_s": elapsed,
+            "target_tokens": self.features.computed_tokens,
+        }
+
+    def evaluate(self) -> dict:
+        if not self.data.heldout:
+            return {}
+        a = self.accelerator
+        out = evaluate(self.cfg, self.raw, self.target, self.data.heldout, a.device, a.autocast, self.heldout)
+        print0(
+            a,
+            f"\n[eval step {self.pos.step}] acc per step {[round(x, 3) for x in out.get('eval/acc', [])]}, "
+            f"simulated accept length {out.get('eval/sim_accept_len', 0):.3f}",
+        )
+        return out
+
+    def save(self, metrics: dict) -> None:
+        """A checkpoint at this step boundary (a collective: every rank calls it)."""
+        a = self.accelerator
+        a.wait_for_everyone()
+        weights = self.raw.trainable_state_dict()
+        if a.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+            # a sharded head: gather the full tensors (a collective, so every rank calls it); keys gain "head."
+            full = a.get_state_dict(self.model)
+            weights = {k: full["head." + k] for k in weights} if a.is_main_process else {}
+        if a.is_main_process:
+            save_run_state(
+                Path(self.cfg.output_dir),
+                self.pos,
+                weights,
+                self.objective.family,
+                self.raw.config.to_dict(),
+                metrics,
+                self.optimizer,
+                self.scheduler,
+                self.world * self.accum,
+                time.time() - self.start,
+                OmegaConf.to_container(self.cfg, resolve=True),
+                self.cfg.keep_checkpoints,
+            )
+
+    def log(self, record: dict) -> None:
+        if self.accelerator.is_main_process:
+            with open(Path(self.cfg.output_dir) / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+            if self.tracker:
+                self.tracker.log(record, step=self.pos.step)
+
+
+def start_session(cfg, head, target, data, accelerator, tracker=None) -> Session:
+    """Optimizer, schedule, accelerate, feature sources, and the run's state restored when resuming."""
+    run_dir = Path(cfg.output_dir)
+    target.to(accelerator.device)
     trainable = [p for p in head.parameters() if p.requires_grad]
     optimizer = build_optimizer(cfg.optim, head, accelerator.distributed_type.name)
     world, accum, rank = accelerator.num_processes, cfg.optim.grad_accum, accelerator.process_index
@@ -235,143 +362,73 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     features = build_feature_source(cfg, target, objective.vocab_ids(raw), data, objective.family, accelerator)
     # offline: eval from disk too; stream: from the producer process
     heldout = heldout_feature_source(cfg, target, objective.vocab_ids(raw), data, features)
-
-    pos = Position()
+    s = Session(
+        cfg, accelerator, target, data, model, raw, objective, optimizer, scheduler, clock, features, heldout, total,
+        trainable, tracker=tracker,
+    )  # fmt: skip
     if cfg.resume:
         ckpt = resolve_checkpoint(run_dir if cfg.resume == "auto" else cfg.resume)
-        pos = restore_run_state(ckpt, raw, optimizer, scheduler, world, accum)
+        s.pos = restore_run_state(ckpt, raw, optimizer, scheduler, world, accum)
         if accelerator.is_main_process:  # lines a kill left past the checkpoint (steps redone now), a torn one
-            trim_metrics(run_dir / "metrics.jsonl", pos.step)
-        print0(accelerator, f"resumed from {ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.cursor})")
-
-    if getattr(raw.config, "fc_outlier_ratio", 0) and pos.step == 0:
+            trim_metrics(run_dir / "metrics.jsonl", s.pos.step)
+        print0(accelerator, f"resumed from {ckpt} at step {s.pos.step} (epoch {s.pos.epoch}, batch {s.pos.cursor})")
+    if getattr(raw.config, "fc_outlier_ratio", 0) and s.pos.step == 0:
         calibrate_fc_input(raw, features, data, cfg, accelerator, target.pad_id)
+    return s
 
-    def save(metrics: dict) -> None:
-        accelerator.wait_for_everyone()
-        weights = raw.trainable_state_dict()
-        if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
-            # a sharded head: gather the full tensors (a collective, so every rank calls it); keys gain "head."
-            full = accelerator.get_state_dict(model)
-            weights = {k: full["head." + k] for k in weights} if accelerator.is_main_process else {}
-        if accelerator.is_main_process:
-            save_run_state(
-                run_dir,
-                pos,
-                weights,
-                objective.family,
-                raw.config.to_dict(),
-                metrics,
-                optimizer,
-                scheduler,
-                world * accum,
-                time.time() - start,
-                OmegaConf.to_container(cfg, resolve=True),
-                cfg.keep_checkpoints,
-            )
 
-    def log(record: dict) -> None:
-        if accelerator.is_main_process:
-            with open(run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-            if tracker:
-                tracker.log(record, step=pos.step)
-
-    start, metrics, last_eval = time.time() - pos.elapsed_s, {}, {}
-    deadline = start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
+def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
+    """Train `head` on `data` against the frozen `target`; returns the final eval metrics."""
+    s = start_session(cfg, head, target, data, accelerator, tracker)
+    pos, metrics, last_eval = s.pos, {}, {}
+    s.start = time.time() - pos.elapsed_s
+    deadline = s.start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
     bar = tqdm(
-        total=total,
-        initial=pos.step,
-        desc="train",
-        unit="step",
-        disable=not accelerator.is_main_process,
+        total=s.total, initial=pos.step, desc="train", unit="step", disable=not accelerator.is_main_process,
         dynamic_ncols=True,
-    )
-    model.train()
-    done, interrupted, first_step = pos.step >= total, False, pos.step
+    )  # fmt: skip
+    s.model.train()
+    done, interrupted, first_step = pos.step >= s.total, False, pos.step
     with bar, StopOnInterrupt() as stop:  # the bar closes (ends its line) before any error prints
         while not done:
-            batches = epoch_batches(data, cfg, pos.epoch, rank, world)
-            while pos.cursor < len(batches) // accum and not done:
-                micro = batches[pos.cursor * accum : (pos.cursor + 1) * accum]
-                collated = [
-                    {k: v.to(device) for k, v in collate([data.train[i] for i in idx], target.pad_id).items()}
-                    for idx in micro
-                ]
-                if cfg.data.supervise == "all":  # prompt rows too: the target's distribution is known everywhere
-                    for b in collated:
-                        b["loss_mask"] = b["attention_mask"].to(b["loss_mask"].dtype)
-                counts = global_counts(objective, collated, accelerator)  # [K + 1]
-                optimizer.zero_grad(set_to_none=True)
-                figures = forward_backward(model, objective, features, micro, collated, counts, accelerator, world)
-                figures = figures.reduce(accelerator, time.time() - start, stop.requested)
-                if not torch.isfinite(figures.loss):
-                    ids = [data.train[i].conv_id for idx in micro for i in idx]
-                    raise NonFiniteLoss(
-                        f"loss is {figures.loss.item()} at step {pos.step} (epoch {pos.epoch}, batch "
-                        f"{pos.cursor}, conversations on rank {rank}: {ids[:8]}); weights not updated, "
-                        f"last good checkpoint kept in {run_dir}/checkpoints"
-                    )
-                grad_norm = accelerator.clip_grad_norm_(trainable, cfg.optim.grad_clip)
-                optimizer.step()
-                elapsed = figures.clock_s / world  # the ranks' mean clock: identical on every rank
+            batches = s.batches(pos.epoch)
+            while pos.cursor < len(batches) // s.accum and not done:
+                figures, grad_norm, tokens = s.step(
+                    batches[pos.cursor * s.accum : (pos.cursor + 1) * s.accum], stop.requested
+                )
+                elapsed = figures.clock_s / s.world  # the ranks' mean clock: identical on every rank
                 interrupted = figures.stop > 0
-                if cfg.optim.max_minutes:
-                    clock["time_frac"] = elapsed / (60 * cfg.optim.max_minutes)
-                scheduler.step()
-                pos.step, pos.cursor = pos.step + 1, pos.cursor + 1
-                pos.tokens += int(counts[-1])  # supervised tokens over all ranks
+                pos.step, pos.cursor, pos.tokens = pos.step + 1, pos.cursor + 1, pos.tokens + tokens
                 last_step = done = (
-                    pos.step >= total
-                    or (deadline is not None and start + elapsed >= deadline)
+                    pos.step >= s.total
+                    or (deadline is not None and s.start + elapsed >= deadline)
                     or (cfg.optim.max_tokens is not None and pos.tokens >= cfg.optim.max_tokens)
                     or interrupted
                 )
                 if pos.step % cfg.log_every == 0 or last_step:
-                    metrics = {
-                        "step": pos.step,
-                        "epoch": pos.epoch,
-                        "tokens": pos.tokens,
-                        "loss": figures.loss.item(),
-                        "lr": scheduler.get_last_lr()[0],
-                        "grad_norm": None if grad_norm is None else float(grad_norm),
-                        "acc": [round(a.item(), 4) for a in figures.accs],
-                        "losses": [round(x.item(), 4) for x in figures.losses],
-                        "tok_per_s": pos.tokens / max(elapsed, 1e-9),
-                        "elapsed_s": elapsed,
-                        "target_tokens": features.computed_tokens,
-                    }
+                    metrics = s.metrics(figures, grad_norm, elapsed)
                     bar.set_postfix(
-                        loss=f"{metrics['loss']:.3f}",
-                        acc0=f"{metrics['acc'][0]:.3f}",
+                        loss=f"{metrics['loss']:.3f}", acc0=f"{metrics['acc'][0]:.3f}",
                         tok_s=f"{metrics['tok_per_s']:.0f}",
-                    )
-                    log(metrics)
+                    )  # fmt: skip
+                    s.log(metrics)
                 if (cfg.eval_every and pos.step % cfg.eval_every == 0) or (last_step and not interrupted):
-                    last_eval = (
-                        evaluate(cfg, raw, target, data.heldout, device, accelerator.autocast, heldout)
-                        if data.heldout
-                        else {}
-                    )
-                    print0(
-                        accelerator,
-                        f"\n[eval step {pos.step}] acc per step "
-                        f"{[round(a, 3) for a in last_eval.get('eval/acc', [])]}, simulated accept "
-                        f"length {last_eval.get('eval/sim_accept_len', 0):.3f}",
-                    )
-                    log({"step": pos.step, **last_eval})
+                    last_eval = s.evaluate()
+                    s.log({"step": pos.step, **last_eval})
                 if (cfg.save_every and pos.step % cfg.save_every == 0) or last_step:
-                    save({**metrics, **last_eval})
+                    s.save({**metrics, **last_eval})
                 if deadline is not None and pos.step > first_step:  # the clock may bind before the step budget
                     rate = (pos.step - first_step) / max(elapsed - pos.elapsed_s, 1e-9)  # steps/s this session
-                    bar.total = max(pos.step, min(total, pos.step + int(rate * max(0.0, deadline - start - elapsed))))
+                    bar.total = max(
+                        pos.step, min(s.total, pos.step + int(rate * max(0.0, deadline - s.start - elapsed)))
+                    )
                 bar.update(1)
-            if pos.cursor >= len(batches) // accum:
+            if pos.cursor >= len(batches) // s.accum:
                 pos.epoch, pos.cursor = pos.epoch + 1, 0
-    features.close()  # stream: stop the producer, empty its buffer
+    s.features.close()  # stream: stop the producer, empty its buffer
     if interrupted:
         raise Interrupted(
-            f"interrupted (Ctrl-C) at step {pos.step}: checkpoint saved in {run_dir}/checkpoints; "
+            f"interrupted (Ctrl-C) at step {pos.step}: checkpoint saved in {cfg.output_dir}/checkpoints; "
             f"continue exactly from it with resume=auto (same command)."
         )
     return {**metrics, **last_eval}

@@ -23,6 +23,7 @@ from pathlib import Path
 from draftsmith.eval.acceptance import BASELINES, compare_outputs, engine_versions, run_acceptance
 from draftsmith.eval.prompts import load_workload, render_prompts
 from draftsmith.eval.reference_decoder import (
+    OracleDrafter,
     alpha_from_tau,
     decode_prompts,
     expected_speedup,
@@ -70,6 +71,14 @@ def sim_tau(metrics: dict, k: int, ttt_steps: int | None) -> float | None:
     return tau
 
 
+def oracle_sets(names: list[str], heads: list[str]) -> dict[str, list[str]]:
+    """The oracles the matrix adds: per head, that head with the training-free drafters asked for (ngram,
+    suffix); with no head, those drafters alone. Named `oracle(a+b+c)`, the head first."""
+    free = [n for n in names if n in ("ngram", "suffix") and n not in heads]
+    sets = [[h, *free] for h in heads] if heads else [free]
+    return {f"oracle({'+'.join(m)})": m for m in sets if len(m) >= 2}
+
+
 def _prepare_heads(heads: dict[str, str], target: str, out: Path, log, target_config=None) -> tuple[dict, dict]:
     """(name -> exported dir for vLLM, name -> {family, source, metrics, depth}); a head made for another target
     is refused first (`check_head_for_target`), a checkpoint before it is exported."""
@@ -113,6 +122,7 @@ def run_matrix(
     reference: bool = True,
     chat_file: str | None = None,
     reuse_served: bool = False,
+    oracle: bool = True,
     **engine,
 ) -> dict:
     """Run the whole matrix; write matrix.json, report.md and plots under out_dir.
@@ -120,7 +130,11 @@ def run_matrix(
     reuse_served: a served cell already under out_dir is read back instead of re-run when it was made with
     the same target, prompts, k, length, temperature and seed and holds every method asked for, heads
     served from the same directories (see `_reusable`): re-analysing after a change on the reference side
-    then costs no vLLM time."""
+    then costs no vLLM time.
+
+    oracle: at temperature 0 the reference decoder also runs `oracle_sets`' oracles, which per step take the
+    member drafter whose draft would be accepted furthest (`OracleDrafter`): how much a perfect per-step choice
+    between the head and the training-free methods would gain. vLLM cannot serve an oracle."""
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
@@ -140,6 +154,7 @@ def run_matrix(
     stop_ids = tuple(sorted({i for i in [tokenizer.eos_token_id, *_generation_eos(target)] if i is not None}))
     served_heads, head_info = _prepare_heads(heads, target, out, log, AutoConfig.from_pretrained(target))
     names = list(dict.fromkeys([*methods, *heads]))
+    oracle_members = oracle_sets(names, list(heads)) if reference and oracle and 0 in temperatures else {}
 
     wl: dict[str, dict] = {}
     for spec in workloads:
@@ -167,20 +182,27 @@ def run_matrix(
                 drafters[name] = (load_head_drafter(name, heads[name], tgt)[0], tgt)
             else:
                 drafters[name] = (None, Target(model, [0]))  # built per cell, below
+        oracles = [(o, drafters[m[0]][1]) for o, m in oracle_members.items()]  # a head's target gives its aux states
+
+        def fresh(name):
+            return load_drafter(name, ngram_min=engine.get("ngram_min", 2), ngram_max=engine.get("ngram_max", 5))
+
         for wname, w in wl.items():
             for temp in temperatures:
-                none_out, none_speed = None, None
+                none_out, none_speed, greedy = None, None, None
                 for k in ks:
-                    for name in names:
-                        if name == "none" and k != ks[0]:
-                            continue
-                        drafter, tgt = drafters[name]
-                        if drafter is None:
+                    runs = [(name, *drafters[name]) for name in names if name != "none" or k == ks[0]]
+                    if temp == 0:  # the oracles after the methods: it needs their greedy outputs
+                        runs += [(o, None, tgt) for o, tgt in oracles]
+                    for name, drafter, tgt in runs:
+                        if name in oracle_members:
+                            drafter = OracleDrafter(
+                                {m: drafters[m][0] or fresh(m) for m in oracle_members[name]}, greedy, name
+                            )
+                        elif drafter is None:
                             # a fresh baseline per cell: suffix decoding indexes earlier outputs, and a served cell is
                             # a fresh engine, so outputs of another cell (same prompts, another k) must not leak in
-                            drafter = load_drafter(
-                                name, ngram_min=engine.get("ngram_min", 2), ngram_max=engine.get("ngram_max", 5)
-                            )
+                            drafter = fresh(name)
                         t0 = time.perf_counter()
                         outs, s = decode_prompts(
                             tgt,
@@ -192,6 +214,8 @@ def run_matrix(
                             seed=seed,
                             stop_ids=stop_ids,
                         )
+                        if temp == 0 and (greedy is None or name == "none"):  # any greedy run's outputs are none's
+                            greedy = {tuple(p): o for p, o in zip(w["prompt_ids"], outs)}
                         if name == "none":
                             none_out, none_speed = outs, s["output_tokens_per_s"]
                             s.update(mean_acceptance_length=None, per_position_acceptance=None)
@@ -201,6 +225,8 @@ def run_matrix(
                         match = (
                             compare_outputs(outs, none_out)[0] if temp == 0 and none_out and name != "none" else None
                         )
+                        if isinstance(drafter, OracleDrafter):
+                            s["oracle_sources"] = drafter.sources
                         cells.append(
                             {
                                 "source": "reference",
@@ -284,12 +310,13 @@ def run_matrix(
                             cell.update(_served_vs_none(row, none_row, k, temp))
                         cells.append(cell)
                     engine_used, versions = r["engine"], r["versions"]
-    analysis = analyse(cells, head_info, ks)
+    analysis = analyse(cells, head_info, ks, oracle_members)
     result = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "target": target,
         "workloads": {n: {k: v for k, v in w.items() if k != "prompt_ids"} for n, w in wl.items()},
-        "methods": names,
+        "methods": names + list(oracle_members),
+        "oracles": oracle_members,
         "heads": head_info,
         "ks": ks,
         "temperatures": temperatures,
@@ -376,8 +403,8 @@ def _served_vs_none(row: dict, none_row: dict, k: int, temp: float) -> dict:
     return extra
 
 
-def analyse(cells: list[dict], head_info: dict, ks: list[int]) -> dict:
-    """Expected speedups, k recommendations and the calibration table from the cells."""
+def analyse(cells: list[dict], head_info: dict, ks: list[int], oracles: dict[str, list[str]] | None = None) -> dict:
+    """Expected speedups, k recommendations, the calibration table and the oracle rows from the cells."""
     for c in cells:
         tau = c.get("mean_acceptance_length")
         c["tau_se"] = tau_standard_error(c.get("counters"))
@@ -388,8 +415,8 @@ def analyse(cells: list[dict], head_info: dict, ks: list[int]) -> dict:
             c["expected_speedup"] = expected_speedup(a, c["k"], cost)
     recommend = []
     groups: dict[tuple, list[dict]] = {}
-    for c in cells:
-        if c["method"] != "none" and c.get("status") == "ok":
+    for c in cells:  # an oracle's draft cost is all its members' and it cannot be served: no k to recommend
+        if c["method"] != "none" and c.get("status") == "ok" and "oracle_sources" not in c:
             groups.setdefault((c["source"], c["workload"], c["temperature"], c["method"]), []).append(c)
     for (source, wname, temp, method), cs in groups.items():
         exp = {c["k"]: c["expected_speedup"] for c in cs if c.get("expected_speedup") is not None}
@@ -434,7 +461,39 @@ def analyse(cells: list[dict], head_info: dict, ks: list[int]) -> dict:
         if sim is not None and tau_s is not None:
             row["simulated_error"] = sim - tau_s
         calibration.append(row)
-    return {"recommendations": recommend, "calibration": calibration}
+    return {"recommendations": recommend, "calibration": calibration, "oracle": oracle_rows(cells, oracles or {})}
+
+
+def oracle_rows(cells: list[dict], oracles: dict[str, list[str]]) -> list[dict]:
+    """Per oracle cell: its tokens per target step against the best of its members alone (same workload, k,
+    reference decoder), and how the steps split between the members."""
+    by = {(c["source"], c["workload"], c["temperature"], c["k"], c["method"]): c for c in cells}
+    rows = []
+    for c in cells:
+        if "oracle_sources" not in c:
+            continue
+        alone = {
+            m: by[key].get("tokens_per_target_step")
+            for m in oracles.get(c["method"], [])
+            if (key := ("reference", c["workload"], c["temperature"], c["k"], m)) in by
+        }
+        best = max(alone, key=lambda m: alone[m] or 0.0) if alone else None
+        steps = sum(v["steps"] for v in c["oracle_sources"].values())
+        rows.append(
+            {
+                "workload": c["workload"],
+                "k": c["k"],
+                "method": c["method"],
+                "tokens_per_target_step": c.get("tokens_per_target_step"),
+                "best_alone": best,
+                "best_alone_tokens_per_target_step": alone.get(best),
+                "gain": c["tokens_per_target_step"] / alone[best] if best and alone[best] else None,
+                "sources": {
+                    m: {**v, "share": v["steps"] / steps if steps else None} for m, v in c["oracle_sources"].items()
+                },
+            }
+        )
+    return rows
 
 
 def _ints(text: str) -> list[int]:
@@ -481,6 +540,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-served", action="store_true", help="skip vLLM (reference decoder only)")
     p.add_argument("--no-reference", action="store_true", help="skip the in-process reference decoder")
+    p.add_argument(
+        "--no-oracle",
+        action="store_true",
+        help="skip the oracle rows (greedy, reference decoder: per step the drafter whose draft is accepted furthest)",
+    )
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS per vLLM engine")
     p.add_argument("--timeout", type=float, default=None, help="seconds per served method before it is killed")
     p.add_argument(
@@ -507,6 +571,7 @@ def main(argv: list[str]) -> int:
             reference=not args.no_reference,
             chat_file=args.prompts,
             reuse_served=args.reuse_served,
+            oracle=not args.no_oracle,
             ngram_min=ENGINE_DEFAULTS["ngram_min"],
             ngram_max=ENGINE_DEFAULTS["ngram_max"],
             threads=args.threads,

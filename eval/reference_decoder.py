@@ -213,6 +213,60 @@ class MLPSpeculatorDrafter(HeadDrafter):
         return Proposal(out, None if not probs or probs[0] is None else torch.stack(probs))
 
 
+class OracleDrafter(Drafter):
+    """Per step, the member whose draft greedy verification would accept furthest: what a perfect per-step
+    choice between these drafters reaches (the target of a hybrid of the head and suffix/ngram).
+
+    It knows the future: `references` maps each prompt's ids to its greedy output (plain decoding's, or any
+    greedy speculative run's, which is the same), and a draft is accepted exactly as far as it matches that
+    output (one running past the end of that output counts up to its end). So it measures; it is not a method
+    to serve. Temperature 0 only. Ties go to the shorter draft (an empty one when nothing would be accepted).
+    Every member observes every step, as it would alone.
+    `sources` counts per member the steps it was chosen, the tokens it drafted there and those accepted.
+    """
+
+    def __init__(self, members: dict[str, Drafter], references: dict[tuple[int, ...], list[int]], name: str):
+        if len(members) < 2:
+            raise ValueError(f"an oracle chooses among two drafters or more, got {list(members)}")
+        self.members, self.references, self.name = members, references, name
+        self.sources = {m: {"steps": 0, "draft_tokens": 0, "accepted_tokens": 0} for m in members}
+        self._ahead: list[int] = []
+        self._prompt_len = 0
+
+    def start(self, prompt):
+        ref = self.references.get(tuple(prompt))
+        if ref is None:
+            raise ValueError(f"the oracle has no greedy output for the prompt starting {list(prompt[:8])}")
+        self._ahead, self._prompt_len = ref, len(prompt)
+        for d in self.members.values():
+            d.start(prompt)
+
+    def observe(self, start, next_tokens, feats):
+        for d in self.members.values():
+            d.observe(start, next_tokens, feats)
+
+    def propose(self, tokens, k, temperature, generator):
+        if temperature != 0:
+            raise ValueError("the oracle is defined for greedy decoding (temperature 0) only")
+        ahead = self._ahead[len(tokens) - self._prompt_len :]  # what greedy decoding commits next
+        best = None
+        for name, d in self.members.items():
+            draft = d.propose(tokens, k, temperature, generator).tokens[:k]
+            n = next((i for i, (a, b) in enumerate(zip(draft, ahead)) if a != b), min(len(draft), len(ahead)))
+            if best is None or (n, -len(draft)) > best[0]:
+                best = ((n, -len(draft)), name, draft)
+        (n, _), name, draft = best
+        src = self.sources[name]
+        src["steps"] += 1
+        src["draft_tokens"] += len(draft)
+        src["accepted_tokens"] += n
+        return Proposal(draft)
+
+    def finish(self, output):
+        for d in self.members.values():
+            d.finish(output)
+
+
 # ---------------------------------------------------------------- verification
 
 

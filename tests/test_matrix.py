@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -287,3 +288,71 @@ def test_eval_acceptance_with_a_sweep_hands_off_to_the_matrix(monkeypatch):
     with pytest.raises(SystemExit):
         cli.acceptance(["--target", "smollm2", "--out", "x"])
     assert "argv" not in seen
+
+
+def tiny_head_run(run: Path, target_dir: Path) -> Path:
+    """A run dir holding one checkpoint of a freshly initialised EAGLE-3 head for the tiny target."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
+
+    torch.manual_seed(0)
+    cfg = Eagle3Config.from_target(AutoConfig.from_pretrained(target_dir), 64, [1, 3, 4], ttt_steps=2)
+    head = Eagle3Head(cfg)
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[:64] = True
+    head.set_vocab(torch.zeros(64, dtype=torch.long), t2d)
+    ckpt = run / "checkpoints" / "step_00000004"
+    ckpt.mkdir(parents=True)
+    save_file({k: v.detach().contiguous() for k, v in head.trainable_state_dict().items()}, ckpt / "head.safetensors")
+    (ckpt / "head.json").write_text(json.dumps({"family": "eagle3", "config": cfg.to_dict(), "step": 4}))
+    (run / "metrics.jsonl").write_text('{"step": 4}\n')
+    return run
+
+
+def test_oracle_rows_in_the_reference_matrix(tiny_target_dir, tmp_path):
+    """At temperature 0 the reference side adds the oracle over the head and the training-free drafters: its
+    output is greedy decoding's, its steps are the rounds of its decode, and the report compares it with the
+    best member alone."""
+    f = tmp_path / "rep.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in REPETITIVE))
+    head = tiny_head_run(tmp_path / "run", tiny_target_dir)
+    kw = dict(ks=[1, 3], temperatures=[0.0], max_tokens=24, num_prompts=2, served=False)
+    r = run_matrix(
+        str(tiny_target_dir),
+        [f"rep={f}"],
+        ["none", "ngram", "suffix"],
+        {"h": str(head)},
+        **kw,
+        out_dir=str(tmp_path / "m"),
+    )
+    name = "oracle(h+ngram+suffix)"
+    assert r["oracles"] == {name: ["h", "ngram", "suffix"]} and name in r["methods"]
+    cells = {c["k"]: c for c in r["cells"] if c["method"] == name}
+    assert set(cells) == {1, 3}
+    for k, c in cells.items():
+        assert c["match_vs_none"] == 1.0
+        src = c["oracle_sources"]
+        assert set(src) == {"h", "ngram", "suffix"}
+        assert sum(v["steps"] for v in src.values()) == c["target_steps"] - 2  # one choice per round
+        predicted, accepted = sum(v["accepted_tokens"] for v in src.values()), c["counters"]["num_accepted_tokens"]
+        assert predicted <= accepted <= predicted + 2 * k  # only a draft past the output's end can add
+    rows = {row["k"]: row for row in r["oracle"]}
+    for k, row in rows.items():
+        alone = {
+            c["method"]: c["tokens_per_target_step"]
+            for c in r["cells"]
+            if c["k"] == k and c["method"] in cells[k]["oracle_sources"]
+        }
+        assert row["best_alone"] == max(alone, key=alone.get)
+        assert row["gain"] == pytest.approx(cells[k]["tokens_per_target_step"] / max(alone.values()))
+    report = (tmp_path / "m" / "report.md").read_text()
+    assert "## Oracle" in report and name in report
+    print(report[report.index("## Oracle") :].split("\n## ")[0])
+    assert not any(c["method"] == name for c in r["recommendations"])  # an oracle is not served: no k to pick
+    off = run_matrix(
+        str(tiny_target_dir), [f"rep={f}"], ["none", "ngram"], {}, **kw, out_dir=str(tmp_path / "n"), oracle=False
+    )
+    assert off["oracles"] == {} and not off["oracle"] and "## Oracle" not in (tmp_path / "n" / "report.md").read_text()

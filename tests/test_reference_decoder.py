@@ -19,6 +19,8 @@ from draftsmith.eval.reference_decoder import (
     MLPSpeculatorDrafter,
     NgramDrafter,
     NoDrafter,
+    OracleDrafter,
+    Proposal,
     SuffixDrafter,
     alpha_from_tau,
     decode_prompts,
@@ -336,6 +338,85 @@ def test_suffix_proposals_hand_made():
     idx4.remember([10, 11, 12, 13])
     assert idx4.propose([20, 10, 11], 3) == [12, 13]  # match length 2 caps the budget at 2
     assert idx4.propose([20], 3) == []
+
+
+# ---------------------------------------------------------------- oracle
+
+
+class Fixed(rd.Drafter):
+    """Proposes what it is told; records what it observed."""
+
+    def __init__(self, name, draft):
+        self.name, self.draft, self.seen = name, draft, []
+
+    def observe(self, start, next_tokens, feats):
+        self.seen.append((start, list(next_tokens)))
+
+    def propose(self, tokens, k, temperature, generator):
+        return Proposal(self.draft[:k])
+
+
+def test_oracle_picks_the_draft_accepted_furthest_hand_made():
+    prompt, greedy = [1, 2], [10, 11, 12, 13, 14]
+    a, b, c = Fixed("a", [11, 12, 99]), Fixed("b", [11, 12, 13]), Fixed("c", [])
+    oracle = OracleDrafter({"a": a, "b": b, "c": c}, {(1, 2): greedy}, "oracle(a+b+c)")
+    oracle.start(prompt)
+    oracle.observe(0, [2, 10], None)
+    assert a.seen == b.seen == c.seen == [(0, [2, 10])]  # every member observes every step
+    assert oracle.propose(prompt + [10], 3, 0.0, None).tokens == [11, 12, 13]  # b: 3 accepted against a's 2
+    assert oracle.propose(prompt + [10, 11], 3, 0.0, None).tokens == []  # nothing accepted: the empty draft
+    b.draft = [99]
+    a.draft = [12, 7]
+    assert oracle.propose(prompt + [10, 11], 3, 0.0, None).tokens == [12, 7]  # a: 1 accepted
+    a.draft = [12]
+    b.draft = [12, 13, 14]
+    assert oracle.propose(prompt + [10, 11], 2, 0.0, None).tokens == [12, 13]  # k caps the draft: 2 > 1
+    a.draft = b.draft = [14, 0]
+    assert oracle.propose(prompt + [10, 11, 12, 13], 2, 0.0, None).tokens == [14, 0]  # the greedy output ends
+    assert oracle.sources == {
+        "a": {"steps": 2, "draft_tokens": 4, "accepted_tokens": 2},  # ties go to the first member
+        "b": {"steps": 2, "draft_tokens": 5, "accepted_tokens": 5},
+        "c": {"steps": 1, "draft_tokens": 0, "accepted_tokens": 0},
+    }
+    with pytest.raises(ValueError, match="greedy"):
+        oracle.propose(prompt + [10], 3, 1.0, None)
+    with pytest.raises(ValueError, match="no greedy output"):
+        oracle.start([7, 7])
+    with pytest.raises(ValueError, match="two drafters"):
+        OracleDrafter({"a": a}, {}, "oracle(a)")
+
+
+def test_oracle_on_a_model_wins_each_step_and_verification_agrees(tiny128):
+    """On a real (tiny) target: the output stays greedy decoding's, the acceptance the oracle predicted is what
+    verification accepted, and each step's choice accepts at least as far as every member's draft there."""
+    model = tiny128.model
+    longer = [plain_greedy(model, p, 24 + 3) for p in PROMPTS]  # a last draft may run past max_tokens
+    expected = [e[:24] for e in longer]
+    refs = {tuple(p): e for p, e in zip(PROMPTS, longer)}
+    members = {
+        "eagle3": Eagle3Drafter(make_head(model, 32, seed=1)),
+        "ngram": NgramDrafter(1, 3),
+        "suffix": SuffixDrafter(),
+    }
+    per_step = []
+
+    class Checked(OracleDrafter):
+        def propose(self, tokens, k, temperature, generator):
+            ahead = self._ahead[len(tokens) - self._prompt_len :]
+            drafts = [d.propose(tokens, k, temperature, generator).tokens[:k] for d in self.members.values()]
+            chosen = super().propose(tokens, k, temperature, generator).tokens
+            run = [len(list(itertools.takewhile(lambda x: x[0] == x[1], zip(d, ahead)))) for d in drafts]
+            per_step.append((run, len(list(itertools.takewhile(lambda x: x[0] == x[1], zip(chosen, ahead))))))
+            return Proposal(chosen)
+
+    oracle = Checked(members, refs, "oracle")
+    outs, s = decode_prompts(tiny128, oracle, PROMPTS, k=3, max_tokens=24)
+    assert outs == expected
+    assert sum(v["accepted_tokens"] for v in oracle.sources.values()) == s["counters"]["num_accepted_tokens"]
+    assert sum(v["steps"] for v in oracle.sources.values()) == s["target_steps"] - len(PROMPTS)  # one per round
+    assert all(chosen == max(run) for run, chosen in per_step)
+    assert any(max(run) > min(run) for run, _ in per_step)  # the members disagreed somewhere: a real choice
+    assert s["counters"]["num_accepted_tokens"] > 0
 
 
 # ---------------------------------------------------------------- speedup formula

@@ -101,6 +101,7 @@ LEVERS = {
     "bs2048": ("2,048-token batches", ["data.max_tokens_per_batch=2048"]),
     "lr1e-3": ("peak lr 1e-3", ["optim.lr=1e-3"]),
     "lr6e-3": ("peak lr 6e-3", ["optim.lr=6e-3"]),
+    "ep4": ("4 epochs (with --epochs 2: twice the passes, about Muon's minutes)", ["optim.epochs=4"]),
     "decay1": ("TTT step weights 1, 1, 1", ["head.ttt_decay=1.0"]),
     "decay0.5": ("TTT step weights 1, 0.5, 0.25", ["head.ttt_decay=0.5"]),
     "initout": ("warm start from the target's norm + lm_head rows", ["head.init=output"]),
@@ -166,6 +167,7 @@ def train(name: str, spec: str, args, run_dir: Path) -> None:
     if (run_dir / "done").is_file():
         print(f"[{name}] finished earlier: {run_dir}", flush=True)
         return
+    lever = overrides(spec, args.regen_data, args.features_dir)
     cmd = [
         sys.executable,
         str(ROOT / "train" / "run.py"),
@@ -174,10 +176,15 @@ def train(name: str, spec: str, args, run_dir: Path) -> None:
         f"output_dir={run_dir}",
         "eval_every=0",
         "wandb.mode=disabled",
-        *overrides(spec, args.regen_data, args.features_dir),
+        *lever,
         f"optim.max_tokens={args.tokens}" if args.tokens else "optim.max_tokens=null",
         f"optim.max_minutes={args.minutes}" if args.minutes else "optim.max_minutes=null",
-        *([f"optim.epochs={args.epochs}"] if args.epochs else []),
+        # --epochs, unless the lever sets its own (ep4)
+        *(
+            [f"optim.epochs={args.epochs}"]
+            if args.epochs and not any(o.startswith("optim.epochs=") for o in lever)
+            else []
+        ),
     ]
     if spec == args.curve:  # keep every checkpoint for the curve
         cmd += [

@@ -192,7 +192,7 @@ def run_matrix(
                 none_out, none_speed, greedy = None, None, None
                 for k in ks:
                     runs = [(name, *drafters[name]) for name in names if name != "none" or k == ks[0]]
-                    if temp == 0:  # the oracles after the methods: it needs their greedy outputs
+                    if temp == 0:  # the oracles after the methods: they read their greedy outputs
                         runs += [(o, None, tgt) for o, tgt in oracles]
                     for name, drafter, tgt in runs:
                         if name in oracle_members:

@@ -135,11 +135,9 @@ def run_matrix(
     oracle: at temperature 0 the reference decoder also runs `oracle_sets`' oracles, which per step take the
     member drafter whose draft would be accepted furthest (`OracleDrafter`): how much a perfect per-step choice
     between the head and the training-free methods would gain. vLLM cannot serve an oracle."""
-    import torch
     from transformers import AutoConfig, AutoTokenizer
 
     from draftsmith.assets import resolve_target
-    from draftsmith.train.target import Target
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -172,79 +170,9 @@ def run_matrix(
     cells: list[dict] = []  # one per (source, workload, temperature, k, method)
     t_start = time.perf_counter()
     if reference:
-        model = Target.from_pretrained(target, aux_layer_ids=[0]).model  # the HF model; each drafter picks its aux ids
-        threads = torch.get_num_threads()
-        drafters = {}
-        for name in names:
-            if name in heads:
-                aux = _aux_ids(heads[name])
-                tgt = Target(model, aux or [0])  # aux states feed EAGLE-3 only; [0] is a cheap placeholder
-                drafters[name] = (load_head_drafter(name, heads[name], tgt)[0], tgt)
-            else:
-                drafters[name] = (None, Target(model, [0]))  # built per cell, below
-        oracles = [(o, drafters[m[0]][1]) for o, m in oracle_members.items()]  # a head's target gives its aux states
-
-        def fresh(name):
-            return load_drafter(name, ngram_min=engine.get("ngram_min", 2), ngram_max=engine.get("ngram_max", 5))
-
-        for wname, w in wl.items():
-            for temp in temperatures:
-                none_out, none_speed, greedy = None, None, None
-                for k in ks:
-                    runs = [(name, *drafters[name]) for name in names if name != "none" or k == ks[0]]
-                    if temp == 0:  # the oracles after the methods: they read their greedy outputs
-                        runs += [(o, None, tgt) for o, tgt in oracles]
-                    for name, drafter, tgt in runs:
-                        if name in oracle_members:
-                            drafter = OracleDrafter(
-                                {m: drafters[m][0] or fresh(m) for m in oracle_members[name]}, greedy, name
-                            )
-                        elif drafter is None:
-                            # a fresh baseline per cell: suffix decoding indexes earlier outputs, and a served cell is
-                            # a fresh engine, so outputs of another cell (same prompts, another k) must not leak in
-                            drafter = fresh(name)
-                        t0 = time.perf_counter()
-                        outs, s = decode_prompts(
-                            tgt,
-                            drafter,
-                            w["prompt_ids"],
-                            k=k,
-                            max_tokens=max_tokens,
-                            temperature=temp,
-                            seed=seed,
-                            stop_ids=stop_ids,
-                        )
-                        if temp == 0 and (greedy is None or name == "none"):  # any greedy run's outputs are none's
-                            greedy = {tuple(p): o for p, o in zip(w["prompt_ids"], outs)}
-                        if name == "none":
-                            none_out, none_speed = outs, s["output_tokens_per_s"]
-                            s.update(mean_acceptance_length=None, per_position_acceptance=None)
-                        s["speedup_vs_none"] = (
-                            s["output_tokens_per_s"] / none_speed if none_out is not None and none_speed else None
-                        )
-                        match = (
-                            compare_outputs(outs, none_out)[0] if temp == 0 and none_out and name != "none" else None
-                        )
-                        if isinstance(drafter, OracleDrafter):
-                            s["oracle_sources"] = drafter.sources
-                        cells.append(
-                            {
-                                "source": "reference",
-                                "workload": wname,
-                                "temperature": temp,
-                                "k": k,
-                                "method": name,
-                                "status": "ok",
-                                "match_vs_none": match,
-                                "torch_threads": threads,
-                                **s,
-                            }
-                        )
-                        log(
-                            f"reference {wname} T={temp} k={k} {name}: τ={_f(s['mean_acceptance_length'])} "
-                            f"tok/step={_f(s['tokens_per_target_step'])} ({time.perf_counter() - t0:.0f} s)"
-                        )
-        del model
+        cells += _reference_cells(
+            target, wl, names, heads, oracle_members, ks, temperatures, max_tokens, seed, stop_ids, engine, log
+        )
     if served:
         for wname, w in wl.items():
             for temp in temperatures:
@@ -336,6 +264,100 @@ def run_matrix(
     (out / "report.md").write_text(write_report(result))
     (out / "matrix.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _reference_cells(
+    target: str,
+    wl: dict,
+    names: list[str],
+    heads: dict[str, str],
+    oracle_members: dict[str, list[str]],
+    ks: list[int],
+    temperatures: list[float],
+    max_tokens: int,
+    seed: int,
+    stop_ids: tuple[int, ...],
+    engine: dict,
+    log,
+) -> list[dict]:
+    """The in-process reference decoder's cells: every method (and, at temperature 0, every oracle) per workload,
+    temperature and k, on one HF copy of the target."""
+    import torch
+
+    from draftsmith.train.target import Target
+
+    cells: list[dict] = []
+    model = Target.from_pretrained(target, aux_layer_ids=[0]).model  # the HF model; each drafter picks its aux ids
+    threads = torch.get_num_threads()
+    drafters = {}
+    for name in names:
+        if name in heads:
+            aux = _aux_ids(heads[name])
+            tgt = Target(model, aux or [0])  # aux states feed EAGLE-3 only; [0] is a cheap placeholder
+            drafters[name] = (load_head_drafter(name, heads[name], tgt)[0], tgt)
+        else:
+            drafters[name] = (None, Target(model, [0]))  # built per cell, below
+    oracles = [(o, drafters[m[0]][1]) for o, m in oracle_members.items()]  # a head's target gives its aux states
+
+    def fresh(name):
+        return load_drafter(name, ngram_min=engine.get("ngram_min", 2), ngram_max=engine.get("ngram_max", 5))
+
+    for wname, w in wl.items():
+        for temp in temperatures:
+            none_out, none_speed, greedy = None, None, None
+            for k in ks:
+                runs = [(name, *drafters[name]) for name in names if name != "none" or k == ks[0]]
+                if temp == 0:  # the oracles after the methods: they read their greedy outputs
+                    runs += [(o, None, tgt) for o, tgt in oracles]
+                for name, drafter, tgt in runs:
+                    if name in oracle_members:
+                        drafter = OracleDrafter(
+                            {m: drafters[m][0] or fresh(m) for m in oracle_members[name]}, greedy, name
+                        )
+                    elif drafter is None:
+                        # a fresh baseline per cell: suffix decoding indexes earlier outputs, and a served cell is
+                        # a fresh engine, so outputs of another cell (same prompts, another k) must not leak in
+                        drafter = fresh(name)
+                    t0 = time.perf_counter()
+                    outs, s = decode_prompts(
+                        tgt,
+                        drafter,
+                        w["prompt_ids"],
+                        k=k,
+                        max_tokens=max_tokens,
+                        temperature=temp,
+                        seed=seed,
+                        stop_ids=stop_ids,
+                    )
+                    if temp == 0 and (greedy is None or name == "none"):  # any greedy run's outputs are none's
+                        greedy = {tuple(p): o for p, o in zip(w["prompt_ids"], outs)}
+                    if name == "none":
+                        none_out, none_speed = outs, s["output_tokens_per_s"]
+                        s.update(mean_acceptance_length=None, per_position_acceptance=None)
+                    s["speedup_vs_none"] = (
+                        s["output_tokens_per_s"] / none_speed if none_out is not None and none_speed else None
+                    )
+                    match = compare_outputs(outs, none_out)[0] if temp == 0 and none_out and name != "none" else None
+                    if isinstance(drafter, OracleDrafter):
+                        s["oracle_sources"] = drafter.sources
+                    cells.append(
+                        {
+                            "source": "reference",
+                            "workload": wname,
+                            "temperature": temp,
+                            "k": k,
+                            "method": name,
+                            "status": "ok",
+                            "match_vs_none": match,
+                            "torch_threads": threads,
+                            **s,
+                        }
+                    )
+                    log(
+                        f"reference {wname} T={temp} k={k} {name}: τ={_f(s['mean_acceptance_length'])} "
+                        f"tok/step={_f(s['tokens_per_target_step'])} ({time.perf_counter() - t0:.0f} s)"
+                    )
+    return cells
 
 
 def _reusable(

@@ -15,6 +15,50 @@ def _table(cols: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def _oracle_section(rows: list[dict]) -> list[str]:
+    """The oracle table: per cell its tokens per step against the best member alone, and the steps each member won."""
+    if not rows:
+        return []
+    lines = [
+        "## Oracle: the best drafter per step (reference decoder, greedy)",
+        "",
+        "Per step the oracle takes the member whose draft greedy verification accepts furthest (it reads the "
+        "greedy output ahead: what a perfect per-step choice between these drafters reaches; it is "
+        "not served). Gain = its tokens per target step over the best member alone; per member: share of the "
+        "steps it won, and tokens accepted / drafted there.",
+        "",
+    ]
+    lines += _table(
+        [
+            "workload",
+            "k",
+            "oracle",
+            "tok/step",
+            "best alone",
+            "tok/step alone",
+            "gain",
+            "steps won: accepted/drafted",
+        ],
+        [
+            [
+                r["workload"],
+                r["k"],
+                r["method"],
+                _f(r["tokens_per_target_step"]),
+                r["best_alone"] or "—",
+                _f(r["best_alone_tokens_per_target_step"]),
+                _f(r["gain"], ".2f") + "×" if r["gain"] else "—",
+                ", ".join(
+                    f"{m} {_f(v['share'], '.0%')}: {v['accepted_tokens']}/{v['draft_tokens']}"
+                    for m, v in r["sources"].items()
+                ),
+            ]
+            for r in rows
+        ],
+    ) + [""]
+    return lines
+
+
 def write_report(result: dict) -> str:
     """Markdown: settings, one table per source × temperature (rows method × workload, k across), the
     per-cell detail, k recommendations and the calibration table."""
@@ -109,45 +153,7 @@ def write_report(result: dict) -> str:
                 ],
                 rows,
             ) + [""]
-    orc = result.get("oracle") or []
-    if orc:
-        lines += [
-            "## Oracle: the best drafter per step (reference decoder, greedy)",
-            "",
-            "Per step the oracle takes the member whose draft greedy verification accepts furthest (it reads the "
-            "greedy output ahead: what a perfect per-step choice between these drafters reaches; it is "
-            "not served). Gain = its tokens per target step over the best member alone; per member: share of the "
-            "steps it won, and tokens accepted / drafted there.",
-            "",
-        ]
-        lines += _table(
-            [
-                "workload",
-                "k",
-                "oracle",
-                "tok/step",
-                "best alone",
-                "tok/step alone",
-                "gain",
-                "steps won: accepted/drafted",
-            ],
-            [
-                [
-                    r["workload"],
-                    r["k"],
-                    r["method"],
-                    _f(r["tokens_per_target_step"]),
-                    r["best_alone"] or "—",
-                    _f(r["best_alone_tokens_per_target_step"]),
-                    _f(r["gain"], ".2f") + "×" if r["gain"] else "—",
-                    ", ".join(
-                        f"{m} {_f(v['share'], '.0%')}: {v['accepted_tokens']}/{v['draft_tokens']}"
-                        for m, v in r["sources"].items()
-                    ),
-                ]
-                for r in orc
-            ],
-        ) + [""]
+    lines += _oracle_section(result.get("oracle") or [])
     rec = result.get("recommendations") or []
     if rec:
         lines += [

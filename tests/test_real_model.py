@@ -105,5 +105,13 @@ def test_matrix_on_smollm2_calibrates_reference_against_vllm(smollm2_dir, traine
     assert len(cal) == 4 and all(row["within_tolerance"] for row in cal), cal
     head_cells = [c for c in cells if c["method"] == "trained" and c["source"] == "served"]
     assert all(c["mean_acceptance_length"] > 1.0 for c in head_cells), head_cells  # the trained head is accepted
+    # the oracle over the trained head and ngram (the trained head's aux states on the real target): greedy output
+    # unchanged (checked above with every method), one choice per decoding round, both workloads
+    oracle = [c for c in cells if c["method"] == "oracle(trained+ngram)"]
+    assert {c["workload"] for c in oracle} == {"chat", "code"}, [c["method"] for c in cells]
+    for c in oracle:
+        rounds = c["target_steps"] - r["workloads"][c["workload"]]["num_prompts"]  # every prompt's prefill is a step
+        assert sum(v["steps"] for v in c["oracle_sources"].values()) == rounds, c["oracle_sources"]
+    print(json.dumps(r["oracle"], indent=1))
     report = (out / "report.md").read_text()
-    assert "## Calibration" in report and "trained" in report
+    assert "## Calibration" in report and "trained" in report and "## Oracle" in report

@@ -22,17 +22,23 @@ from collections import Counter
 
 def ngram_propose(tokens: list[int], k: int, min_n: int = 2, max_n: int = 5) -> list[int]:
     """Prompt lookup: the tokens that followed the earliest longest earlier match of the context's tail."""
+    return ngram_match(tokens, k, min_n, max_n)[0]
+
+
+def ngram_match(tokens: list[int], k: int, min_n: int = 2, max_n: int = 5) -> tuple[list[int], int]:
+    """`ngram_propose`'s draft and the length n of the n-gram it matched (0 when it drafts nothing)."""
     total = len(tokens)
     if total < min_n or k <= 0:
-        return []
+        return [], 0
     for n in range(min(max_n, total - 1), min_n - 1, -1):
         tail = tokens[total - n :]
         # an earlier occurrence starts at i < total - n (the tail itself does not count)
         for i in range(0, total - n):
             if tokens[i : i + n] == tail:
                 start = i + n
-                return tokens[start : start + k]
-    return []
+                draft = tokens[start : start + k]
+                return draft, (n if draft else 0)
+    return [], 0
 
 
 class SuffixIndex:
@@ -43,21 +49,31 @@ class SuffixIndex:
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
         self.history: list[list[int]] = []  # earlier requests' outputs (the cross-request cache)
+        self._where: dict[int, list[tuple[int, int]]] = {}  # token -> its (output, offset)s that have a follower
 
     def remember(self, output: list[int]) -> None:
         """Add a finished request's output to the corpus later requests draw on."""
         if output:
+            s = len(self.history)
             self.history.append(list(output))
+            for j, t in enumerate(output[:-1]):
+                self._where.setdefault(t, []).append((s, j))
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         """Up to k tokens continuing `tokens` (the request's prompt + output so far)."""
+        return self.speculate(tokens, k)[0]
+
+    def speculate(self, tokens: list[int], k: int) -> tuple[list[int], int, float]:
+        """(draft, match length, score): the score is the sum of the drafted tokens' estimated probabilities
+        (the running products of their frequencies), as arctic-inference scores a draft: the number of its
+        tokens the corpus expects to be accepted."""
         if k <= 0 or len(tokens) < 2:
-            return []
+            return [], 0, 0.0
         seqs = [*self.history, tokens]
         # Occurrences are (sequence, end offset) of a match of the context's last n tokens that has a
         # follower; the current context's own tail (end = len - 1) never has one, so it never counts.
-        last = tokens[-1]
-        cands = [(s, j) for s, seq in enumerate(seqs) for j in range(len(seq) - 1) if seq[j] == last]
+        last, cur = tokens[-1], len(self.history)
+        cands = [*self._where.get(last, ()), *((cur, j) for j in range(len(tokens) - 1) if tokens[j] == last)]
         match_len = 1 if cands else 0
         while cands and match_len < min(self.max_depth, len(tokens) - 1):
             want = tokens[-1 - match_len]
@@ -67,7 +83,7 @@ class SuffixIndex:
             cands, match_len = longer, match_len + 1
         budget = min(k, math.floor(self.max_spec_factor * match_len + 1e-9))
         out: list[int] = []
-        prob = 1.0
+        prob, score = 1.0, 0.0
         while len(out) < budget and cands:
             counts = Counter(seqs[s][j + 1] for s, j in cands)
             tok, c = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))  # most frequent; ties -> lowest id
@@ -75,6 +91,7 @@ class SuffixIndex:
             if prob < self.min_token_prob:
                 break
             out.append(tok)
+            score += prob
             # follow the occurrences that continued with `tok` and still have a follower
             cands = [(s, j + 1) for s, j in cands if seqs[s][j + 1] == tok and j + 2 < len(seqs[s])]
-        return out
+        return out, match_len, score

@@ -156,13 +156,22 @@ def matrix(argv: list[str]) -> int:
     return matrix_main(argv)
 
 
-COMMANDS = {"acceptance": acceptance, "matrix": matrix}
+def fit_hybrid(argv: list[str]) -> int:
+    """`draftsmith eval fit-hybrid`: fit a head's hybrid policy (head vs suffix/ngram per step) on training data."""
+    from draftsmith.eval.hybrid import main as fit_main
+
+    return fit_main(argv)
+
+
+COMMANDS = {"acceptance": acceptance, "matrix": matrix, "fit-hybrid": fit_hybrid}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: draftsmith eval {acceptance,matrix} [--help] ...\n\n" + (__doc__ or ""), file=sys.stderr)
+        print(
+            "usage: draftsmith eval {acceptance,matrix,fit-hybrid} [--help] ...\n\n" + (__doc__ or ""), file=sys.stderr
+        )
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:])
 

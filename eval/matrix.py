@@ -123,6 +123,7 @@ def run_matrix(
     chat_file: str | None = None,
     reuse_served: bool = False,
     oracle: bool = True,
+    hybrid: bool = True,
     **engine,
 ) -> dict:
     """Run the whole matrix; write matrix.json, report.md and plots under out_dir.
@@ -134,7 +135,11 @@ def run_matrix(
 
     oracle: at temperature 0 the reference decoder also runs `oracle_sets`' oracles, which per step take the
     member drafter whose draft would be accepted furthest (`OracleDrafter`): how much a perfect per-step choice
-    between the head and the training-free methods would gain. vLLM cannot serve an oracle."""
+    between the head and the training-free methods would gain. vLLM cannot serve an oracle.
+
+    hybrid: a head whose directory holds a fitted hybrid policy (`draftsmith eval fit-hybrid`) also runs as
+    `hybrid(NAME)` in the reference decoder, at every k and temperature: per step the policy's choice between
+    the head and suffix/ngram (`HybridDrafter`). Evaluation prompts the policy was fitted on are refused."""
     from transformers import AutoConfig, AutoTokenizer
 
     from draftsmith.assets import resolve_target
@@ -153,6 +158,7 @@ def run_matrix(
     served_heads, head_info = _prepare_heads(heads, target, out, log, AutoConfig.from_pretrained(target))
     names = list(dict.fromkeys([*methods, *heads]))
     oracle_members = oracle_sets(names, list(heads)) if reference and oracle and 0 in temperatures else {}
+    policies = _hybrid_policies(heads) if reference and hybrid else {}
 
     wl: dict[str, dict] = {}
     for spec in workloads:
@@ -166,12 +172,26 @@ def run_matrix(
             "num_prompts": len(prompts),
             "prompt_ids": render_prompts(tokenizer, prompts),
         }
+        for hname, (_, policy) in policies.items():
+            policy.check_disjoint(wl[name]["prompt_ids"], f"workload {name} ({source}) for {hname}")
 
     cells: list[dict] = []  # one per (source, workload, temperature, k, method)
     t_start = time.perf_counter()
     if reference:
         cells += _reference_cells(
-            target, wl, names, heads, oracle_members, ks, temperatures, max_tokens, seed, stop_ids, engine, log
+            target,
+            wl,
+            names,
+            heads,
+            oracle_members,
+            policies,
+            ks,
+            temperatures,
+            max_tokens,
+            seed,
+            stop_ids,
+            engine,
+            log,
         )
     if served:
         for wname, w in wl.items():
@@ -238,13 +258,15 @@ def run_matrix(
                             cell.update(_served_vs_none(row, none_row, k, temp))
                         cells.append(cell)
                     engine_used, versions = r["engine"], r["versions"]
-    analysis = analyse(cells, head_info, ks, oracle_members)
+    hybrid_members = {h: [head, *(r for r in p.members if r != "head")] for h, (head, p) in policies.items()}
+    analysis = analyse(cells, head_info, ks, oracle_members, hybrid_members)
     result = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "target": target,
         "workloads": {n: {k: v for k, v in w.items() if k != "prompt_ids"} for n, w in wl.items()},
-        "methods": names + list(oracle_members),
+        "methods": names + list(hybrid_members) + list(oracle_members),
         "oracles": oracle_members,
+        "hybrids": {h: {"members": m, "policy": policies[h][1].fitted_on} for h, m in hybrid_members.items()},
         "heads": head_info,
         "ks": ks,
         "temperatures": temperatures,
@@ -266,12 +288,20 @@ def run_matrix(
     return result
 
 
+def _hybrid_policies(heads: dict[str, str]) -> dict:
+    """hybrid(NAME) -> (NAME, policy) for every head whose directory holds a fitted hybrid policy."""
+    from draftsmith.eval.hybrid import POLICY_FILE, HybridPolicy
+
+    return {f"hybrid({n})": (n, HybridPolicy.load(d)) for n, d in heads.items() if (Path(d) / POLICY_FILE).is_file()}
+
+
 def _reference_cells(
     target: str,
     wl: dict,
     names: list[str],
     heads: dict[str, str],
     oracle_members: dict[str, list[str]],
+    policies: dict,
     ks: list[int],
     temperatures: list[float],
     max_tokens: int,
@@ -280,10 +310,11 @@ def _reference_cells(
     engine: dict,
     log,
 ) -> list[dict]:
-    """The in-process reference decoder's cells: every method (and, at temperature 0, every oracle) per workload,
-    temperature and k, on one HF copy of the target."""
+    """The in-process reference decoder's cells: every method, every hybrid (and, at temperature 0, every oracle)
+    per workload, temperature and k, on one HF copy of the target."""
     import torch
 
+    from draftsmith.eval.hybrid import HybridDrafter, hybrid_members
     from draftsmith.train.target import Target
 
     cells: list[dict] = []
@@ -307,10 +338,17 @@ def _reference_cells(
             none_out, none_speed, greedy = None, None, None
             for k in ks:
                 runs = [(name, *drafters[name]) for name in names if name != "none" or k == ks[0]]
+                runs += [(h, None, drafters[head][1]) for h, (head, _) in policies.items()]
                 if temp == 0:  # the oracles after the methods: they read their greedy outputs
                     runs += [(o, None, tgt) for o, tgt in oracles]
                 for name, drafter, tgt in runs:
-                    if name in oracle_members:
+                    if name in policies:  # fresh training-free members per cell, as for the baselines
+                        head, policy = policies[name]
+                        members = hybrid_members(
+                            drafters[head][0], policy.members, engine.get("ngram_min", 2), engine.get("ngram_max", 5)
+                        )
+                        drafter = HybridDrafter(members, policy, name)
+                    elif name in oracle_members:
                         drafter = OracleDrafter(
                             {m: drafters[m][0] or fresh(m) for m in oracle_members[name]}, greedy, name
                         )
@@ -340,6 +378,8 @@ def _reference_cells(
                     match = compare_outputs(outs, none_out)[0] if temp == 0 and none_out and name != "none" else None
                     if isinstance(drafter, OracleDrafter):
                         s["oracle_sources"] = drafter.sources
+                    if isinstance(drafter, HybridDrafter):
+                        s["hybrid_sources"] = drafter.sources
                     cells.append(
                         {
                             "source": "reference",
@@ -425,8 +465,14 @@ def _served_vs_none(row: dict, none_row: dict, k: int, temp: float) -> dict:
     return extra
 
 
-def analyse(cells: list[dict], head_info: dict, ks: list[int], oracles: dict[str, list[str]] | None = None) -> dict:
-    """Expected speedups, k recommendations, the calibration table and the oracle rows from the cells."""
+def analyse(
+    cells: list[dict],
+    head_info: dict,
+    ks: list[int],
+    oracles: dict[str, list[str]] | None = None,
+    hybrids: dict[str, list[str]] | None = None,
+) -> dict:
+    """Expected speedups, k recommendations, the calibration table, the oracle and hybrid rows from the cells."""
     for c in cells:
         tau = c.get("mean_acceptance_length")
         c["tau_se"] = tau_standard_error(c.get("counters"))
@@ -483,38 +529,55 @@ def analyse(cells: list[dict], head_info: dict, ks: list[int], oracles: dict[str
         if sim is not None and tau_s is not None:
             row["simulated_error"] = sim - tau_s
         calibration.append(row)
-    return {"recommendations": recommend, "calibration": calibration, "oracle": oracle_rows(cells, oracles or {})}
+    return {
+        "recommendations": recommend,
+        "calibration": calibration,
+        "oracle": chooser_rows(cells, oracles or {}, "oracle_sources"),
+        "hybrid": chooser_rows(cells, hybrids or {}, "hybrid_sources", oracles or {}),
+    }
 
 
 def oracle_rows(cells: list[dict], oracles: dict[str, list[str]]) -> list[dict]:
     """Per oracle cell: its tokens per target step against the best of its members alone (same workload, k,
     reference decoder), and how the steps split between the members."""
+    return chooser_rows(cells, oracles, "oracle_sources")
+
+
+def chooser_rows(
+    cells: list[dict], members: dict[str, list[str]], sources_key: str, oracles: dict[str, list[str]] | None = None
+) -> list[dict]:
+    """Per cell of a drafter that chooses among members each step (an oracle, a hybrid): its tokens per target
+    step against the best of its members alone (same workload, temperature, k, reference decoder), how the
+    steps split between the members, and, given `oracles`, the oracle over the same members beside it."""
     by = {(c["source"], c["workload"], c["temperature"], c["k"], c["method"]): c for c in cells}
     rows = []
     for c in cells:
-        if "oracle_sources" not in c:
+        if sources_key not in c:
             continue
+        key = ("reference", c["workload"], c["temperature"], c["k"])
         alone = {
-            m: by[key].get("tokens_per_target_step")
-            for m in oracles.get(c["method"], [])
-            if (key := ("reference", c["workload"], c["temperature"], c["k"], m)) in by
+            m: by[(*key, m)].get("tokens_per_target_step") for m in members.get(c["method"], []) if (*key, m) in by
         }
         best = max(alone, key=lambda m: alone[m] or 0.0) if alone else None
-        steps = sum(v["steps"] for v in c["oracle_sources"].values())
-        rows.append(
-            {
-                "workload": c["workload"],
-                "k": c["k"],
-                "method": c["method"],
-                "tokens_per_target_step": c.get("tokens_per_target_step"),
-                "best_alone": best,
-                "best_alone_tokens_per_target_step": alone.get(best),
-                "gain": c["tokens_per_target_step"] / alone[best] if best and alone[best] else None,
-                "sources": {
-                    m: {**v, "share": v["steps"] / steps if steps else None} for m, v in c["oracle_sources"].items()
-                },
-            }
-        )
+        steps = sum(v["steps"] for v in c[sources_key].values())
+        row = {
+            "workload": c["workload"],
+            "temperature": c["temperature"],
+            "k": c["k"],
+            "method": c["method"],
+            "tokens_per_target_step": c.get("tokens_per_target_step"),
+            "best_alone": best,
+            "best_alone_tokens_per_target_step": alone.get(best),
+            "gain": c["tokens_per_target_step"] / alone[best] if best and alone[best] else None,
+            "speedup_vs_none": c.get("speedup_vs_none"),
+            "sources": {m: {**v, "share": v["steps"] / steps if steps else None} for m, v in c[sources_key].items()},
+        }
+        if oracles is not None:
+            same = [o for o, ms in oracles.items() if set(ms) == set(members.get(c["method"], []))]
+            o = by.get((*key, same[0])) if same else None
+            row["oracle"] = same[0] if o else None
+            row["oracle_tokens_per_target_step"] = o and o.get("tokens_per_target_step")
+        rows.append(row)
     return rows
 
 
@@ -567,6 +630,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="skip the oracle rows (greedy, reference decoder: per step the drafter whose draft is accepted furthest)",
     )
+    p.add_argument(
+        "--no-hybrid",
+        action="store_true",
+        help="skip the hybrid rows (heads with a fitted hybrid.json run as hybrid(NAME) in the reference decoder)",
+    )
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS per vLLM engine")
     p.add_argument("--timeout", type=float, default=None, help="seconds per served method before it is killed")
     p.add_argument(
@@ -594,6 +662,7 @@ def main(argv: list[str]) -> int:
             chat_file=args.prompts,
             reuse_served=args.reuse_served,
             oracle=not args.no_oracle,
+            hybrid=not args.no_hybrid,
             ngram_min=ENGINE_DEFAULTS["ngram_min"],
             ngram_max=ENGINE_DEFAULTS["ngram_max"],
             threads=args.threads,

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from draftsmith.eval.baselines import SuffixIndex, ngram_propose
+from draftsmith.eval.baselines import SuffixIndex, ngram_match
 from draftsmith.train.target import Features, Target
 
 
@@ -39,6 +39,20 @@ from draftsmith.train.target import Features, Target
 class Proposal:
     tokens: list[int]  # draft target-token ids, at most k
     probs: torch.Tensor | None = None  # [len(tokens), V] the distributions they were drawn from; None = one-hot
+    # how confident the drafter is, before verification (what a hybrid chooses on): a head's and suffix's
+    # expected accepted tokens under their own model (sum of the running products of the drafted tokens'
+    # probabilities), ngram's matched n-gram length; 0 for an empty draft, None when the drafter has none
+    signal: float | None = None
+
+
+def chain_score(token_probs: list[float]) -> float:
+    """Σ_j Π_{i<=j} p_i: the expected number of a chain's tokens accepted if each p_i were its acceptance
+    probability given the ones before (arctic-inference's suffix score; a head's confidence in its draft)."""
+    score, run = 0.0, 1.0
+    for p in token_probs:
+        run *= p
+        score += run
+    return score
 
 
 class Drafter:
@@ -86,7 +100,8 @@ class NgramDrafter(Drafter):
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, tokens, k, temperature, generator):
-        return Proposal(ngram_propose(tokens, k, self.min_n, self.max_n))
+        draft, n = ngram_match(tokens, k, self.min_n, self.max_n)
+        return Proposal(draft, signal=float(n))
 
 
 class SuffixDrafter(Drafter):
@@ -100,7 +115,8 @@ class SuffixDrafter(Drafter):
         self._prompt_len = len(prompt)
 
     def propose(self, tokens, k, temperature, generator):
-        return Proposal(self.index.propose(tokens, k))
+        draft, _, score = self.index.speculate(tokens, k)
+        return Proposal(draft, signal=score)
 
     def finish(self, output):
         self.index.remember(output)  # later requests can draw on this answer, as vLLM's suffix cache does
@@ -151,28 +167,33 @@ class Eagle3Drafter(HeadDrafter):
         self.last_hidden = out[:, -1:]  # [1, 1, H]
         self.last_pos = start + n - 1
 
-    def _draw(self, hidden, temperature, generator) -> tuple[int, torch.Tensor | None]:
+    def _draw(self, hidden, temperature, generator) -> tuple[int, torch.Tensor | None, float]:
+        """(target token id, its draft distribution or None for one-hot, its probability under the head)."""
         logits = self.head.logits(hidden)[0, -1]  # [Vd]
+        own = torch.softmax(logits.float(), dim=-1)  # the head's own distribution, for the confidence signal
         if temperature == 0 or self.draft_sampling == "greedy":
-            return int(self.d2t[logits.argmax()]), None
+            i = int(logits.argmax())
+            return int(self.d2t[i]), None, float(own[i])
         q_d = target_probs(logits, temperature)  # [Vd]
         q = torch.zeros(self.vocab_size, dtype=q_d.dtype).index_add_(0, self.d2t, q_d)  # [V] over target ids
-        return int(self.d2t[_sample(q_d, generator)]), q
+        i = _sample(q_d, generator)
+        return int(self.d2t[i]), q, float(own[i])
 
     @torch.no_grad()
     def propose(self, tokens, k, temperature, generator):
         assert self.last_pos == len(tokens) - 2, "observe() the newest rows before proposing"
-        out, probs = [], []
+        out, probs, own = [], [], []
         hidden = self.last_hidden
         drafts = self.cache.fork()  # the draft steps' keys go here, never into the committed cache
         for s in range(k):
             if s > 0:  # draft step s at position last_pos + s: previous draft token + previous hidden
                 pos = torch.tensor([[self.last_pos + s]])
                 hidden = self.head(torch.tensor([[out[-1]]]), pos, hidden, drafts)  # [1, 1, H]
-            tok, q = self._draw(hidden, temperature, generator)
+            tok, q, p = self._draw(hidden, temperature, generator)
             out.append(tok)
             probs.append(q)
-        return Proposal(out, None if probs[0] is None else torch.stack(probs))
+            own.append(p)
+        return Proposal(out, None if not probs or probs[0] is None else torch.stack(probs), chain_score(own))
 
 
 class MLPSpeculatorDrafter(HeadDrafter):
@@ -198,7 +219,7 @@ class MLPSpeculatorDrafter(HeadDrafter):
         assert self.last_pos == len(tokens) - 2, "observe() the newest rows before proposing"
         state = self.head.prepare(self.last[None])  # [1, E]
         token = torch.tensor([tokens[-1]])
-        out, probs = [], []
+        out, probs, own = [], [], []
         for i in range(min(k, self.head.config.n_predict)):
             state = self.head.step(i, state, token)  # [1, D]
             logits = self.head.logits(i, state)[0]  # [V]
@@ -209,8 +230,9 @@ class MLPSpeculatorDrafter(HeadDrafter):
                 tok = _sample(q, generator)
             out.append(tok)
             probs.append(q)
+            own.append(float(torch.softmax(logits.float(), dim=-1)[tok]))
             token = torch.tensor([tok])
-        return Proposal(out, None if not probs or probs[0] is None else torch.stack(probs))
+        return Proposal(out, None if not probs or probs[0] is None else torch.stack(probs), chain_score(own))
 
 
 class OracleDrafter(Drafter):

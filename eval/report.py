@@ -59,6 +59,62 @@ def _oracle_section(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _hybrid_section(rows: list[dict], hybrids: dict) -> list[str]:
+    """The hybrid table: per cell its tokens per step against the best member alone and the oracle over the same
+    members, and per member the steps the policy gave it with their acceptance."""
+    if not rows:
+        return []
+    fitted = "; ".join(
+        f"{h}: {fit.get('conversations')} conversations of `{Path(str(fit.get('data'))).name}`"
+        for h, fit in ((h, i.get("policy")) for h, i in hybrids.items())
+        if fit
+    )
+    lines = [
+        "## Hybrid: the fitted policy's choice per step (reference decoder)",
+        "",
+        "Per step every member drafts and the policy (fitted on training conversations, never on these prompts"
+        + (f" — {fitted}" if fitted else "")
+        + ") proposes the one it expects to be accepted furthest. Gain = tokens per target step over the best "
+        "member alone; per member: share of the steps it was given, tokens accepted / drafted there.",
+        "",
+    ]
+    lines += _table(
+        [
+            "workload",
+            "T",
+            "k",
+            "hybrid",
+            "tok/step",
+            "best alone",
+            "tok/step alone",
+            "gain",
+            "oracle",
+            "speedup",
+            "steps given: accepted/drafted",
+        ],
+        [
+            [
+                r["workload"],
+                _f(r["temperature"], "g"),
+                r["k"],
+                r["method"],
+                _f(r["tokens_per_target_step"]),
+                r["best_alone"] or "—",
+                _f(r["best_alone_tokens_per_target_step"]),
+                _f(r["gain"], ".2f") + "×" if r["gain"] else "—",
+                _f(r.get("oracle_tokens_per_target_step")),
+                _f(r.get("speedup_vs_none")),
+                ", ".join(
+                    f"{m} {_f(v['share'], '.0%')}: {v['accepted_tokens']}/{v['draft_tokens']}"
+                    for m, v in r["sources"].items()
+                ),
+            ]
+            for r in rows
+        ],
+    ) + [""]
+    return lines
+
+
 def write_report(result: dict) -> str:
     """Markdown: settings, one table per source × temperature (rows method × workload, k across), the
     per-cell detail, k recommendations and the calibration table."""
@@ -154,6 +210,7 @@ def write_report(result: dict) -> str:
                 rows,
             ) + [""]
     lines += _oracle_section(result.get("oracle") or [])
+    lines += _hybrid_section(result.get("hybrid") or [], result.get("hybrids") or {})
     rec = result.get("recommendations") or []
     if rec:
         lines += [

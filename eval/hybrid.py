@@ -1,0 +1,400 @@
+"""The hybrid drafter: per step, the trained head's draft or a training-free one (suffix, ngram), whichever a
+policy fitted on training conversations expects greedy verification to accept furthest.
+
+    draftsmith eval fit-hybrid --target smollm2 --head exported/eagle3_smollm2 --data train.jsonl
+    # -> exported/eagle3_smollm2/hybrid.json; `draftsmith eval matrix --head mine=exported/eagle3_smollm2 ...`
+    #    then adds the row hybrid(mine) beside the head, ngram, suffix and the oracle
+
+Every member drafts every step; each states how sure it is before verification (`Proposal.signal`): the head
+and suffix their own expected accepted tokens (the sum of the running products of the drafted tokens'
+probabilities, arctic-inference's suffix score), ngram the length of the n-gram it matched. The policy maps
+each member's signal to the tokens that member really had accepted at that signal on the training
+conversations (binned, made non-decreasing), and proposes the member with the most. The choice uses nothing
+past the committed tokens, so the verification rule is untouched: greedy output equals plain decoding, and at
+temperature > 0 the output distribution is the target's (the chosen member's draft distribution goes to the
+verifier with its tokens).
+
+Fitting needs no speculative decoding. For each training conversation the target answers its first turn
+greedily (vLLM when installed, cached); one forward over prompt + answer gives the target's features at every
+position, and at each position every member proposes exactly as it would inside a decode (same committed
+tokens, same features, same suffix history), and its draft counts as accepted as far as it matches the greedy
+answer. From these per-position records the policy's tokens per target step on the training conversations is
+simulated exactly (a step at position j advances by the accepted count + 1), beside each member alone and the
+oracle (the best member at every step).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.atomic import atomic_write_json
+from draftsmith.eval.reference_decoder import Drafter, NgramDrafter, Proposal, SuffixDrafter
+from draftsmith.train.target import Features, Target
+
+POLICY_FILE = "hybrid.json"
+ROLES = ("head", "ngram", "suffix")  # the policy's member roles; a matrix names the head by its own name
+PREFERENCE = ("ngram", "suffix", "head")  # on equal expectations the cheaper draft
+
+
+def prompt_key(ids: list[int]) -> str:
+    """A short stable hash of a prompt's token ids (the policy lists those it was fitted on)."""
+    return hashlib.sha1(json.dumps(list(map(int, ids))).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- the policy
+
+
+@dataclass
+class Calibration:
+    """One member's signal -> mean tokens accepted, in bins: bin i holds signals <= edges[i] (the last bin has
+    no upper edge); non-decreasing in the signal."""
+
+    edges: list[float]
+    accepted: list[float]
+    counts: list[int]
+
+    def expect(self, signal: float) -> float:
+        return self.accepted[min(bisect.bisect_left(self.edges, signal), len(self.accepted) - 1)]
+
+
+@dataclass
+class HybridPolicy:
+    k: int
+    members: dict[str, Calibration]  # role -> calibration
+    fitted_on: dict = field(default_factory=dict)  # source, conversations, positions, prompt keys, figures
+
+    def choose(self, proposals: dict[str, Proposal]) -> str:
+        """The role whose draft the calibration expects to be accepted furthest (an empty draft expects 0)."""
+
+        def expected(role: str) -> float:
+            p = proposals[role]
+            return self.members[role].expect(p.signal or 0.0) if p.tokens else -1.0
+
+        return max(PREFERENCE, key=lambda r: (expected(r), -PREFERENCE.index(r)) if r in proposals else (-2.0, 0))
+
+    def to_json(self) -> dict:
+        return {"format": "draftsmith-hybrid-1", "k": self.k, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "hybrid policy") -> HybridPolicy:
+        if data.get("format") != "draftsmith-hybrid-1":
+            raise ValueError(f"{source}: not a draftsmith hybrid policy (format {data.get('format')!r})")
+        members = {r: Calibration(**c) for r, c in data["members"].items()}
+        bad = [r for r in members if r not in ROLES]
+        if bad or "head" not in members or len(members) < 2:
+            raise ValueError(f"{source}: members {list(members)}: want the head and ngram and/or suffix")
+        for r, c in members.items():
+            if not (len(c.accepted) == len(c.counts) == len(c.edges) + 1):
+                raise ValueError(f"{source}: member {r}: {len(c.edges)} edges for {len(c.accepted)} bins")
+        return cls(k=int(data["k"]), members=members, fitted_on=data.get("fitted_on", {}))
+
+    def save(self, head_dir: str | Path) -> Path:
+        path = Path(head_dir) / POLICY_FILE
+        atomic_write_json(path, self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, head_dir: str | Path) -> HybridPolicy:
+        path = Path(head_dir) / POLICY_FILE
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{path}: no hybrid policy next to this head; fit one with `draftsmith eval fit-hybrid --head "
+                f"{head_dir} --data TRAINING.jsonl`"
+            ) from None
+        except ValueError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_json(data, str(path))
+
+    def check_disjoint(self, prompts: list[list[int]], what: str) -> None:
+        """Refuse to evaluate on prompts the policy was fitted on."""
+        seen = set(self.fitted_on.get("prompt_keys", []))
+        hits = [i for i, p in enumerate(prompts) if prompt_key(p) in seen]
+        if hits:
+            raise ValueError(
+                f"{what}: prompts {hits[:5]}{'...' if len(hits) > 5 else ''} ({len(hits)} of {len(prompts)}) are among "
+                "the conversations the hybrid policy was fitted on; evaluate on held-out prompts"
+            )
+
+
+def _monotone(means: list[float], weights: list[int]) -> list[float]:
+    """Pool adjacent violators: the non-decreasing sequence closest to `means` in weighted least squares."""
+    blocks: list[list[float]] = []  # [mean, weight, size]
+    for m, w in zip(means, weights):
+        blocks.append([m, float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2) if w1 + w2 else m1, w1 + w2, n1 + n2])
+    return [m for m, _, n in blocks for _ in range(n)]
+
+
+def calibrate(signals: list[float], accepted: list[int], bins: int = 8) -> Calibration:
+    """Quantile bins of the signal (distinct edges), the mean accepted per bin, made non-decreasing."""
+    if not signals:
+        return Calibration(edges=[], accepted=[0.0], counts=[0])
+    order = sorted(signals)
+    edges = sorted({order[max(0, (i * len(order)) // bins - 1)] for i in range(1, bins)})  # group tops
+    edges = [e for e in edges if e < order[-1]]  # the last bin is open above
+    sums, counts = [0.0] * (len(edges) + 1), [0] * (len(edges) + 1)
+    for s, a in zip(signals, accepted):
+        i = bisect.bisect_left(edges, s)
+        sums[i] += a
+        counts[i] += 1
+    keep = [i for i, c in enumerate(counts) if c]  # merge empty bins into the next
+    edges = [edges[i] for i in keep[:-1]]
+    means = [sums[i] / counts[i] for i in keep]
+    counts = [counts[i] for i in keep]
+    return Calibration(edges=edges, accepted=[round(m, 4) for m in _monotone(means, counts)], counts=counts)
+
+
+# ---------------------------------------------------------------- the drafter
+
+
+class HybridDrafter(Drafter):
+    """Every member drafts every step (each observes every step, as it would alone); the policy picks one.
+    `sources` counts per member the steps it was chosen, the tokens it drafted there and those accepted."""
+
+    def __init__(self, members: dict[str, Drafter], policy: HybridPolicy, name: str):
+        missing = [r for r in policy.members if r not in members]
+        if missing:
+            raise ValueError(f"{name}: the policy needs members {missing}")
+        self.members = {r: d for r, d in members.items() if r in policy.members}
+        self.policy, self.name = policy, name
+        self.sources = {self._label(r): {"steps": 0, "draft_tokens": 0, "accepted_tokens": 0} for r in self.members}
+        self._pending: tuple[str, int] | None = None  # (label, draft length) of the proposal being verified
+
+    def _label(self, role: str) -> str:
+        return getattr(self.members[role], "name", role) if role == "head" else role
+
+    def start(self, prompt):
+        self._pending = None
+        for d in self.members.values():
+            d.start(prompt)
+
+    def observe(self, start, next_tokens, feats):
+        if self._pending is not None:  # the tokens after a verification: the accepted drafts + one
+            label, drafted = self._pending
+            self.sources[label]["accepted_tokens"] += min(len(next_tokens) - 1, drafted)
+            self._pending = None
+        for d in self.members.values():
+            d.observe(start, next_tokens, feats)
+
+    def propose(self, tokens, k, temperature, generator):
+        proposals = {r: d.propose(tokens, k, temperature, generator) for r, d in self.members.items()}
+        role = self.policy.choose(proposals)
+        p = proposals[role]
+        draft = p.tokens[:k]
+        src = self.sources[self._label(role)]
+        src["steps"] += 1
+        src["draft_tokens"] += len(draft)
+        self._pending = (self._label(role), len(draft))
+        return Proposal(draft, None if p.probs is None else p.probs[: len(draft)], p.signal)
+
+    def finish(self, output):
+        for d in self.members.values():
+            d.finish(output)
+
+
+def hybrid_members(head: Drafter, roles, ngram_min: int = 2, ngram_max: int = 5) -> dict[str, Drafter]:
+    """The members a policy names: the head drafter given, fresh ngram / suffix drafters."""
+    fresh = {"ngram": lambda: NgramDrafter(ngram_min, ngram_max), "suffix": SuffixDrafter}
+    return {r: head if r == "head" else fresh[r]() for r in roles}
+
+
+# ---------------------------------------------------------------- fitting
+
+
+def _slice(f: Features, a: int, b: int) -> Features:
+    return Features(aux=f.aux[0, a:b], last=f.last[0, a:b], logits=f.logits[0, a:b])
+
+
+def _matched(draft: list[int], ahead: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(draft, ahead)) if a != b), min(len(draft), len(ahead)))
+
+
+@torch.no_grad()
+def record_positions(
+    target: Target,
+    members: dict[str, Drafter],
+    conversations: list[tuple[list[int], list[int]]],
+    k: int,
+    progress=None,
+) -> list[list[dict]]:
+    """Per conversation (prompt ids, greedy answer ids), per answer position j (answer[:j+1] committed): each
+    member's {"n": draft length, "signal", "accepted"}, as each would propose inside a greedy decode."""
+    out = []
+    for c, (prompt, answer) in enumerate(conversations):
+        seq = prompt + answer
+        f = target.step(torch.tensor([seq]), target.new_cache())  # every position's features in one forward
+        n_p = len(prompt)
+        for d in members.values():
+            d.start(list(prompt))
+            d.observe(0, seq[1 : n_p + 1], _slice(f, 0, n_p))
+        recs = []
+        for j in range(len(answer) - 1):
+            tokens, ahead = seq[: n_p + j + 1], answer[j + 1 :]
+            rec = {}
+            for role, d in members.items():
+                p = d.propose(tokens, k, 0.0, None)
+                draft = p.tokens[:k]
+                rec[role] = {"n": len(draft), "signal": p.signal or 0.0, "accepted": _matched(draft, ahead)}
+            recs.append(rec)
+            for d in members.values():
+                d.observe(n_p + j, [answer[j + 1]], _slice(f, n_p + j, n_p + j + 1))
+        for d in members.values():
+            d.finish(list(answer))
+        out.append(recs)
+        if progress:
+            progress(c + 1, len(conversations))
+    return out
+
+
+def simulate(records: list[list[dict]], choose) -> dict:
+    """Greedy decoding over the recorded conversations with `choose(rec) -> role or None` picking each step's
+    draft: tokens per target step (the prefill excluded) and the steps each role was chosen."""
+    tokens = steps = 0
+    chosen: dict[str, int] = {}
+    for recs in records:
+        j = 0
+        while j < len(recs):
+            role = choose(recs[j])
+            a = recs[j][role]["accepted"] if role else 0
+            chosen[role or "none"] = chosen.get(role or "none", 0) + 1
+            tokens, steps, j = tokens + a + 1, steps + 1, j + a + 1
+    return {"tokens_per_step": tokens / steps if steps else None, "steps": steps, "chosen": chosen}
+
+
+def fit_policy(records: list[list[dict]], k: int, bins: int = 8) -> tuple[HybridPolicy, dict]:
+    """The policy from per-position records, and the simulated tokens per step on them: each member alone, the
+    policy, the oracle."""
+    roles = list(records[0][0]) if records and records[0] else []
+    members = {}
+    for r in roles:
+        pts = [(rec[r]["signal"], rec[r]["accepted"]) for recs in records for rec in recs if rec[r]["n"]]
+        members[r] = calibrate([s for s, _ in pts], [a for _, a in pts], bins)
+    policy = HybridPolicy(k=k, members=members)
+
+    def as_proposals(rec):
+        return {r: Proposal([0] * rec[r]["n"], signal=rec[r]["signal"]) for r in rec}
+
+    figures = {r: simulate(records, lambda rec, r=r: r) for r in roles}
+    figures["policy"] = simulate(records, lambda rec: policy.choose(as_proposals(rec)))
+    figures["oracle"] = simulate(
+        records, lambda rec: max(rec, key=lambda r: (rec[r]["accepted"], -rec[r]["n"])) if rec else None
+    )
+    return policy, figures
+
+
+def load_conversations(path: str | Path, limit: int | None, skip: int = 0) -> list[dict]:
+    """First user turns of a training JSONL (ShareGPT / messages / prompt records), as prompt dicts."""
+    from draftsmith.eval.prompts import load_prompts
+
+    prompts = load_prompts(path, None if limit is None else skip + limit)
+    return prompts[skip:]
+
+
+def fit_hybrid(
+    target: str,
+    head_dir: str | Path,
+    data: str | Path,
+    num_conversations: int = 64,
+    max_tokens: int = 256,
+    k: int = 3,
+    roles: tuple[str, ...] = ("head", "ngram", "suffix"),
+    bins: int = 8,
+    skip: int = 0,
+    backend: str = "auto",
+    log=print,
+) -> tuple[HybridPolicy, Path]:
+    """Fit the hybrid policy of the exported head at head_dir on `data`'s first turns; write head_dir/hybrid.json."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.assets import cache_dir, resolve_target
+    from draftsmith.eval.head_check import check_head_for_target
+    from draftsmith.eval.prompts import render_prompts
+    from draftsmith.eval.reference_decoder import load_head_drafter
+    from draftsmith.generate import cached_generate
+    from draftsmith.train.checkpoint import read_head
+
+    if "head" not in roles or len(roles) < 2 or any(r not in ROLES for r in roles):
+        raise ValueError(f"members {list(roles)}: the head and at least one of ngram, suffix")
+    if num_conversations < 1 or k < 1 or max_tokens < 2:
+        raise ValueError("--num-conversations and --k must be >= 1, --max-tokens >= 2")
+    target = resolve_target(str(target))
+    head_dir = Path(head_dir)
+    check_head_for_target(head_dir, target)  # an exported head, a checkpoint or a run dir, made for this target
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    prompts = render_prompts(tokenizer, load_conversations(data, num_conversations, skip))
+    if not prompts:
+        raise ValueError(f"{data}: no conversations to fit on (skip={skip})")
+    log(f"fit-hybrid: {len(prompts)} first turns of {data}; the target answers them greedily ({max_tokens} tokens)")
+    answers = cached_generate(target, prompts, max_tokens, 0.0, 0, cache_dir=cache_dir() / "generated", backend=backend)
+    convs = [(p, a) for p, a in zip(prompts, answers) if len(a) >= 2]
+
+    tgt = Target.from_pretrained(target, aux_layer_ids=read_head(head_dir)[1].get("aux_layer_ids") or [0])
+    head = load_head_drafter("head", head_dir, tgt)[0]
+    members = hybrid_members(head, roles)
+
+    def progress(i, n):
+        if i == n or i % max(1, n // 8) == 0:
+            log(f"fit-hybrid: recorded {i}/{n} conversations")
+
+    records = record_positions(tgt, members, convs, k, progress)
+    policy, figures = fit_policy(records, k, bins)
+    policy.fitted_on = {
+        "data": str(data),
+        "skip": skip,
+        "conversations": len(convs),
+        "positions": sum(len(r) for r in records),
+        "max_tokens": max_tokens,
+        "tokens_per_step": {name: f["tokens_per_step"] for name, f in figures.items()},
+        "policy_chosen": figures["policy"]["chosen"],
+        "prompt_keys": sorted(prompt_key(p) for p in prompts),
+    }
+    path = policy.save(head_dir)
+    tps = policy.fitted_on["tokens_per_step"]
+    log(
+        "fit-hybrid: tokens per target step on the training conversations: "
+        + ", ".join(f"{n} {v:.2f}" for n, v in tps.items() if v is not None and not math.isnan(v))
+    )
+    log(f"fit-hybrid: wrote {path}")
+    return policy, path
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="draftsmith eval fit-hybrid", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="target HF dir, or `smollm2` (the embedded default)")
+    p.add_argument("--head", required=True, help="the exported head (or run) directory; hybrid.json is written there")
+    p.add_argument("--data", required=True, help="training conversations (JSONL; first user turns are used)")
+    p.add_argument("--num-conversations", type=int, default=64, help="first turns to fit on (default 64)")
+    p.add_argument("--skip", type=int, default=0, help="skip the first N records of --data")
+    p.add_argument("--max-tokens", type=int, default=256, help="greedy answer length (default 256)")
+    p.add_argument("--k", type=int, default=3, help="draft length the policy is fitted for (default 3)")
+    p.add_argument("--members", default="head,ngram,suffix", help="comma-separated roles (default all three)")
+    p.add_argument("--bins", type=int, default=8, help="signal bins per member (default 8)")
+    p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"], help="who writes the answers")
+    args = p.parse_args(argv)
+    fit_hybrid(
+        args.target,
+        args.head,
+        args.data,
+        num_conversations=args.num_conversations,
+        max_tokens=args.max_tokens,
+        k=args.k,
+        roles=tuple(r.strip() for r in args.members.split(",") if r.strip()),
+        bins=args.bins,
+        skip=args.skip,
+        backend=args.backend,
+    )
+    return 0

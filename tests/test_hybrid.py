@@ -1,0 +1,262 @@
+"""The hybrid drafter: calibration and choice on hand-made figures, per-position records that reproduce real
+decoding step for step, greedy equality and the sampled output distribution, fitting end to end, the matrix rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import build_tiny_llama
+from test_reference_decoder import (
+    AUX,
+    N_SAMPLES,
+    PROMPT,
+    PROMPTS,
+    SMALL_AUX,
+    chi2_critical,
+    chi_square,
+    exact_continuation_probs,
+    make_head,
+    plain_greedy,
+    sample_counts,
+    small_target,  # noqa: F401  (a fixture)
+)
+
+from draftsmith.eval.hybrid import (
+    POLICY_FILE,
+    Calibration,
+    HybridDrafter,
+    HybridPolicy,
+    _monotone,
+    calibrate,
+    fit_policy,
+    prompt_key,
+    record_positions,
+    simulate,
+)
+from draftsmith.eval.reference_decoder import (
+    Eagle3Drafter,
+    NgramDrafter,
+    Proposal,
+    SuffixDrafter,
+    chain_score,
+    decode_prompts,
+)
+from draftsmith.train.target import Target
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny128():
+    return Target(build_tiny_llama(vocab_size=128, seed=3).double(), AUX)
+
+
+def test_chain_score_and_signals():
+    assert chain_score([]) == 0.0
+    assert chain_score([0.5, 0.5, 1.0]) == pytest.approx(0.5 + 0.25 + 0.25)
+    seq = [7, 8, 9, 1, 7, 8]  # [7, 8] occurred before: ngram matched n=2
+    p = NgramDrafter(2, 5).propose(seq, 3, 0.0, None)
+    assert p.tokens == [9, 1, 7] and p.signal == 2.0
+    assert NgramDrafter(2, 5).propose([1, 2, 3], 3, 0.0, None).signal == 0.0
+    s = SuffixDrafter()
+    s.start([])
+    got = s.propose([4, 5, 6, 4, 5], 2, 0.0, None)  # one occurrence: prob 1 for each of its followers
+    assert got.tokens == [6, 4] and got.signal == pytest.approx(2.0)
+
+
+def test_monotone_and_calibration_hand_made():
+    assert _monotone([1.0, 3.0, 2.0], [1, 1, 1]) == [1.0, 2.5, 2.5]
+    assert _monotone([2.0, 1.0, 0.0], [1, 1, 2]) == pytest.approx([0.75] * 3)
+    assert _monotone([0.0, 1.0], [5, 5]) == [0.0, 1.0]
+    # signal 0..3, the accepted count rises with it (with one violation inside a bin pair)
+    signals = [0, 0, 1, 1, 2, 2, 3, 3]
+    accepted = [0, 0, 2, 2, 1, 1, 3, 3]
+    c = calibrate(signals, accepted, bins=4)
+    assert c.edges == [0, 1, 2] and c.counts == [2, 2, 2, 2]
+    assert c.accepted == [0.0, 1.5, 1.5, 3.0]
+    assert [c.expect(s) for s in (-1, 0, 0.5, 1, 2.5, 3, 9)] == [0.0, 0.0, 1.5, 1.5, 3.0, 3.0, 3.0]
+    assert calibrate([], [], 4).expect(5.0) == 0.0
+    one = calibrate([2.0] * 5, [1] * 5, 8)  # a single distinct signal: one open bin
+    assert one.edges == [] and one.accepted == [1.0] and one.counts == [5]
+
+
+def policy_of(head_bins, suffix_bins=None, ngram_bins=None, k=3):
+    members = {"head": Calibration(*head_bins)}
+    if suffix_bins:
+        members["suffix"] = Calibration(*suffix_bins)
+    if ngram_bins:
+        members["ngram"] = Calibration(*ngram_bins)
+    return HybridPolicy(k=k, members=members)
+
+
+def test_policy_choice_hand_made():
+    pol = policy_of(([0.5], [0.3, 1.2], [10, 10]), ([1.0], [0.4, 2.0], [10, 10]), ([3.0], [0.9, 1.8], [10, 10]))
+    P = Proposal
+    assert pol.choose({"head": P([1, 2], signal=0.9), "suffix": P([3], signal=2.0), "ngram": P([], signal=0.0)}) == (
+        "suffix"
+    )
+    assert pol.choose({"head": P([1, 2], signal=0.9), "suffix": P([3], signal=0.5), "ngram": P([4], signal=2)}) == (
+        "head"
+    )
+    # equal expectations: the cheaper member (ngram before suffix before head)
+    assert pol.choose({"head": P([1], signal=0.9), "suffix": P([3], signal=0.5), "ngram": P([5], signal=5)}) == "ngram"
+    # empty drafts never win over a non-empty one, whatever their signal
+    assert pol.choose({"head": P([1], signal=0.0), "suffix": P([], signal=9.0), "ngram": P([], signal=9)}) == "head"
+
+
+def test_policy_file_round_trip_and_errors(tmp_path):
+    pol = policy_of(([0.5], [0.3, 1.2], [10, 10]), ([1.0], [0.4, 2.0], [10, 10]))
+    pol.fitted_on = {"prompt_keys": [prompt_key([1, 2, 3])], "conversations": 1}
+    path = pol.save(tmp_path)
+    assert path == tmp_path / POLICY_FILE
+    back = HybridPolicy.load(tmp_path)
+    assert back == pol
+    with pytest.raises(ValueError, match="fitted on"):
+        back.check_disjoint([[4, 5], [1, 2, 3]], "workload chat")
+    back.check_disjoint([[4, 5], [1, 2]], "workload chat")  # no overlap: fine
+    with pytest.raises(FileNotFoundError, match="fit-hybrid"):
+        HybridPolicy.load(tmp_path / "nothing")
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        HybridPolicy.load(tmp_path)
+    path.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(ValueError, match="not a draftsmith hybrid policy"):
+        HybridPolicy.load(tmp_path)
+    bad = pol.to_json()
+    bad["members"]["head"]["counts"] = [1]
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="edges"):
+        HybridPolicy.load(tmp_path)
+
+
+def members_for(model):
+    return {"head": Eagle3Drafter(make_head(model, 32, seed=1)), "ngram": NgramDrafter(1, 3), "suffix": SuffixDrafter()}
+
+
+def test_records_reproduce_real_decoding_and_the_fitted_hybrid_decodes_as_simulated(tiny128):
+    """Teacher-forced records over the greedy answers predict every member's decode exactly (target steps per
+    prompt), and the fitted policy, served by the reference decoder, takes the steps the simulation says."""
+    model = tiny128.model
+    n = 24
+    answers = [plain_greedy(model, p, n) for p in PROMPTS]
+    records = record_positions(tiny128, members_for(model), list(zip(PROMPTS, answers)), k=3)
+    assert [len(r) for r in records] == [n - 1] * len(PROMPTS)
+    for role in ("head", "ngram", "suffix"):
+        _, s = decode_prompts(tiny128, members_for(model)[role], PROMPTS, k=3, max_tokens=n)
+        sim = simulate(records, lambda rec, role=role: role)
+        assert sim["steps"] == s["target_steps"] - len(PROMPTS), role  # the prefills are not in the records
+    policy, figures = fit_policy(records, k=3, bins=4)
+    assert set(policy.members) == {"head", "ngram", "suffix"}
+    alone = [figures[r]["tokens_per_step"] for r in ("head", "ngram", "suffix")]
+    assert figures["oracle"]["tokens_per_step"] >= max(alone)
+    assert figures["policy"]["tokens_per_step"] <= figures["oracle"]["tokens_per_step"]
+
+    hybrid = HybridDrafter(members_for(model), policy, "hybrid")
+    outs, s = decode_prompts(tiny128, hybrid, PROMPTS, k=3, max_tokens=n)
+    assert outs == answers  # greedy output unchanged
+    assert s["target_steps"] - len(PROMPTS) == figures["policy"]["steps"]
+    given = {r: hybrid.sources[hybrid._label(r)]["steps"] for r in ("head", "ngram", "suffix")}
+    assert {r: v for r, v in given.items() if v} == figures["policy"]["chosen"]
+    assert sum(v["accepted_tokens"] for v in hybrid.sources.values()) == s["counters"]["num_accepted_tokens"]
+    assert sum(v["draft_tokens"] for v in hybrid.sources.values()) == s["counters"]["num_draft_tokens"]
+    assert len([v for v in given.values() if v]) >= 2  # the policy really mixed members on this target
+
+
+def test_hybrid_sampled_output_distribution_equals_target(small_target):  # noqa: F811
+    """At temperature 1 the per-step choice keeps the target's distribution (chi-square over whole outputs)."""
+    head = Eagle3Drafter(make_head(small_target.model, 4, seed=7, logit_scale=80.0, aux=SMALL_AUX), "sample")
+    # the head when it is sure, else ngram: a choice that changes with the context
+    policy = policy_of(([0.8], [0.0, 3.0], [1, 1]), ngram_bins=([], [1.0], [1]))
+    drafter = HybridDrafter({"head": head, "ngram": NgramDrafter(1, 2)}, policy, "hybrid")
+    probs = exact_continuation_probs(small_target, PROMPT, 1.0)
+    counts = sample_counts(small_target, drafter, PROMPT, N_SAMPLES, 1.0)
+    stat, dof = chi_square(counts, probs, N_SAMPLES)
+    assert dof >= 10
+    assert stat < chi2_critical(dof), (stat, dof)
+    assert all(v["steps"] > 0 for v in drafter.sources.values()), drafter.sources  # both members were used
+
+
+TRAIN = [
+    {"prompt": "List the colours twice: red, green, blue, red, green, blue."},
+    {"prompt": "Say hello three times in a row, please."},
+    {"messages": [{"role": "user", "content": "Count from one to ten in words: one, two, three."}]},
+]
+
+
+def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path):
+    """fit-hybrid on training first turns writes hybrid.json next to the head; the matrix then runs hybrid(NAME)
+    in the reference decoder at every temperature (greedy output unchanged, one choice per round, the oracle over
+    the same members beside it) and refuses evaluation prompts the policy was fitted on."""
+    from test_matrix import REPETITIVE, tiny_head_run
+
+    from draftsmith.eval.hybrid import main as fit_main
+    from draftsmith.eval.matrix import run_matrix
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in TRAIN))
+    held_out = tmp_path / "rep.jsonl"
+    held_out.write_text("".join(json.dumps(r) + "\n" for r in REPETITIVE))
+    head = tiny_head_run(tmp_path / "run", tiny_target_dir)
+    argv = ["--target", str(tiny_target_dir), "--head", str(head), "--data", str(train), "--max-tokens", "24"]
+    assert fit_main([*argv, "--num-conversations", "3", "--backend", "hf"]) == 0
+    policy = HybridPolicy.load(head)
+    fit = policy.fitted_on
+    assert fit["conversations"] == 3 and len(fit["prompt_keys"]) == 3 and fit["positions"] > 0
+    assert set(fit["tokens_per_step"]) == {"head", "ngram", "suffix", "policy", "oracle"}
+    assert fit["tokens_per_step"]["oracle"] >= max(fit["tokens_per_step"][r] for r in ("head", "ngram", "suffix"))
+
+    kw = dict(ks=[3], max_tokens=24, num_prompts=2, served=False)
+    r = run_matrix(
+        str(tiny_target_dir),
+        [f"rep={held_out}"],
+        ["none", "ngram", "suffix"],
+        {"h": str(head)},
+        temperatures=[0.0, 1.0],
+        out_dir=str(tmp_path / "m"),
+        **kw,
+    )
+    name = "hybrid(h)"
+    assert name in r["methods"] and r["hybrids"][name]["members"] == ["h", "ngram", "suffix"]
+    cells = {c["temperature"]: c for c in r["cells"] if c["method"] == name}
+    assert set(cells) == {0.0, 1.0}
+    assert cells[0.0]["match_vs_none"] == 1.0
+    for c in cells.values():
+        src = c["hybrid_sources"]
+        assert set(src) == {"h", "ngram", "suffix"}
+        assert sum(v["steps"] for v in src.values()) == c["target_steps"] - 2  # one choice per round, 2 prompts
+        assert sum(v["accepted_tokens"] for v in src.values()) == c["counters"]["num_accepted_tokens"]
+    rows = {row["temperature"]: row for row in r["hybrid"]}
+    assert rows[0.0]["oracle"] == "oracle(h+ngram+suffix)" and rows[0.0]["oracle_tokens_per_target_step"] >= 1.0
+    assert rows[1.0]["oracle"] is None  # the oracle runs greedy only
+    report = (tmp_path / "m" / "report.md").read_text()
+    assert "## Hybrid" in report and name in report and "3 conversations of `train.jsonl`" in report
+
+    with pytest.raises(ValueError, match="fitted on"):
+        run_matrix(
+            str(tiny_target_dir),
+            [f"train={train}"],
+            ["ngram"],
+            {"h": str(head)},
+            temperatures=[0.0],
+            out_dir=str(tmp_path / "x"),
+            **kw,
+        )
+    off = run_matrix(
+        str(tiny_target_dir),
+        [f"train={train}"],
+        ["ngram"],
+        {"h": str(head)},
+        temperatures=[0.0],
+        out_dir=str(tmp_path / "y"),
+        hybrid=False,
+        **kw,
+    )
+    assert off["hybrids"] == {} and not off["hybrid"]

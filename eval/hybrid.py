@@ -273,7 +273,7 @@ def simulate(records: list[list[dict]], choose) -> dict:
     return {"tokens_per_step": tokens / steps if steps else None, "steps": steps, "chosen": chosen}
 
 
-def fit_policy(records: list[list[dict]], k: int, bins: int = 8) -> tuple[HybridPolicy, dict]:
+def fit_policy(records: list[list[dict]], k: int, bins: int = 16) -> tuple[HybridPolicy, dict]:
     """The policy from per-position records, and the simulated tokens per step on them: each member alone, the
     policy, the oracle."""
     roles = list(records[0][0]) if records and records[0] else []
@@ -310,9 +310,10 @@ def fit_hybrid(
     max_tokens: int = 256,
     k: int = 3,
     roles: tuple[str, ...] = ("head", "ngram", "suffix"),
-    bins: int = 8,
+    bins: int = 16,
     skip: int = 0,
     backend: str = "auto",
+    exclude: str | Path | None = None,
     log=print,
 ) -> tuple[HybridPolicy, Path]:
     """Fit the hybrid policy of the exported head at head_dir on `data`'s first turns; write head_dir/hybrid.json."""
@@ -333,7 +334,17 @@ def fit_hybrid(
     head_dir = Path(head_dir)
     check_head_for_target(head_dir, target)  # an exported head, a checkpoint or a run dir, made for this target
     tokenizer = AutoTokenizer.from_pretrained(target)
-    prompts = render_prompts(tokenizer, load_conversations(data, num_conversations, skip))
+    if exclude:  # e.g. a run's heldout_prompts.jsonl: those first turns never reach the fit
+        from draftsmith.eval.prompts import load_prompts
+
+        banned = {prompt_key(p) for p in render_prompts(tokenizer, load_prompts(exclude))}
+        prompts = [
+            p for p in render_prompts(tokenizer, load_conversations(data, None, skip)) if prompt_key(p) not in banned
+        ]
+        log(f"fit-hybrid: {len(banned)} prompts of {exclude} excluded")
+        prompts = prompts[:num_conversations]
+    else:
+        prompts = render_prompts(tokenizer, load_conversations(data, num_conversations, skip))
     if not prompts:
         raise ValueError(f"{data}: no conversations to fit on (skip={skip})")
     log(f"fit-hybrid: {len(prompts)} first turns of {data}; the target answers them greedily ({max_tokens} tokens)")
@@ -353,6 +364,7 @@ def fit_hybrid(
     policy.fitted_on = {
         "data": str(data),
         "skip": skip,
+        "excluded": str(exclude) if exclude else None,
         "conversations": len(convs),
         "positions": sum(len(r) for r in records),
         "max_tokens": max_tokens,
@@ -382,7 +394,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens", type=int, default=256, help="greedy answer length (default 256)")
     p.add_argument("--k", type=int, default=3, help="draft length the policy is fitted for (default 3)")
     p.add_argument("--members", default="head,ngram,suffix", help="comma-separated roles (default all three)")
-    p.add_argument("--bins", type=int, default=8, help="signal bins per member (default 8)")
+    p.add_argument("--bins", type=int, default=16, help="signal bins per member (default 16)")
+    p.add_argument(
+        "--exclude",
+        default=None,
+        help="a prompts JSONL (e.g. a run's heldout_prompts.jsonl) whose first turns are skipped",
+    )
     p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"], help="who writes the answers")
     args = p.parse_args(argv)
     fit_hybrid(
@@ -396,5 +413,6 @@ def main(argv: list[str]) -> int:
         bins=args.bins,
         skip=args.skip,
         backend=args.backend,
+        exclude=args.exclude,
     )
     return 0

@@ -205,11 +205,13 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path):
     held_out = tmp_path / "rep.jsonl"
     held_out.write_text("".join(json.dumps(r) + "\n" for r in REPETITIVE))
     head = tiny_head_run(tmp_path / "run", tiny_target_dir)
+    excluded = tmp_path / "heldout_prompts.jsonl"  # a run's held-out prompts that also sit in the data file
+    excluded.write_text(json.dumps(TRAIN[1]) + "\n")
     argv = ["--target", str(tiny_target_dir), "--head", str(head), "--data", str(train), "--max-tokens", "24"]
-    assert fit_main([*argv, "--num-conversations", "3", "--backend", "hf"]) == 0
+    assert fit_main([*argv, "--num-conversations", "3", "--backend", "hf", "--exclude", str(excluded)]) == 0
     policy = HybridPolicy.load(head)
     fit = policy.fitted_on
-    assert fit["conversations"] == 3 and len(fit["prompt_keys"]) == 3 and fit["positions"] > 0
+    assert fit["conversations"] == 2 and len(fit["prompt_keys"]) == 2 and fit["positions"] > 0
     assert set(fit["tokens_per_step"]) == {"head", "ngram", "suffix", "policy", "oracle"}
     assert fit["tokens_per_step"]["oracle"] >= max(fit["tokens_per_step"][r] for r in ("head", "ngram", "suffix"))
 
@@ -237,7 +239,7 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path):
     assert rows[0.0]["oracle"] == "oracle(h+ngram+suffix)" and rows[0.0]["oracle_tokens_per_target_step"] >= 1.0
     assert rows[1.0]["oracle"] is None  # the oracle runs greedy only
     report = (tmp_path / "m" / "report.md").read_text()
-    assert "## Hybrid" in report and name in report and "3 conversations of `train.jsonl`" in report
+    assert "## Hybrid" in report and name in report and "2 conversations of `train.jsonl`" in report
 
     with pytest.raises(ValueError, match="fitted on"):
         run_matrix(
@@ -249,6 +251,15 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path):
             out_dir=str(tmp_path / "x"),
             **kw,
         )
+    run_matrix(  # the excluded prompt was never fitted on: evaluating on it is fine
+        str(tiny_target_dir),
+        [f"heldout={excluded}"],
+        ["ngram"],
+        {"h": str(head)},
+        temperatures=[0.0],
+        out_dir=str(tmp_path / "z"),
+        **kw,
+    )
     off = run_matrix(
         str(tiny_target_dir),
         [f"train={train}"],

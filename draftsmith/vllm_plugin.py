@@ -172,8 +172,12 @@ class _SpeculatorDirLoader:
 
 
 def register() -> None:
-    """vLLM general plugin: install the import finder (idempotent; vLLM may call it in several processes)."""
+    """vLLM general plugin: install the import finder and the hybrid drafter's runner hook (both idempotent; vLLM
+    may call this in several processes; the hook does nothing unless additional_config names a hybrid)."""
     import sys
 
     if not any(isinstance(f, _SpeculatorDirFinder) for f in sys.meta_path):
         sys.meta_path.append(_SpeculatorDirFinder())
+    from draftsmith.vllm_hybrid import install
+
+    install()

@@ -90,8 +90,26 @@ def speculative_config(name: str, k: int, heads: dict[str, str], ngram_min: int,
     return {"method": method, "model": head_dir, "num_speculative_tokens": k}
 
 
-def head_engine_kwargs(name: str, heads: dict[str, str]) -> dict:
-    """Extra LLM(...) arguments a head needs: an MLP speculator's directory travels in additional_config."""
+def _hybrid_stats_path(runs_dir: Path, name: str) -> Path:
+    return runs_dir / f"{name}.hybrid_stats.json"
+
+
+def head_engine_kwargs(
+    name: str,
+    heads: dict[str, str],
+    hybrid_of: dict[str, str] | None = None,
+    runs_dir: Path | None = None,
+    force: dict[str, str | None] | None = None,
+) -> dict:
+    """Extra LLM(...) arguments a head needs: an MLP speculator's directory travels in additional_config, and so
+    does a hybrid's policy (with the file its per-source counts go to)."""
+    if hybrid_of and name in hybrid_of:
+        from draftsmith.vllm_hybrid import hybrid_kwargs
+
+        head = hybrid_of[name]
+        stats = str(_hybrid_stats_path(runs_dir, name)) if runs_dir else None
+        kw = hybrid_kwargs(heads[head], force=(force or {}).get(head), stats=stats)
+        return {"additional_config": kw["additional_config"]}
     if name not in heads or head_method(str(Path(heads[name]).resolve())) != "mlp_speculator":
         return {}
     from draftsmith.vllm_plugin import speculative_kwargs
@@ -260,9 +278,14 @@ def run_acceptance(
     out_dir: str,
     temperature: float = 0.0,
     seed: int = 0,
+    hybrids: tuple[str, ...] | dict[str, str | None] = (),
     **engine,
 ) -> dict:
-    """Run every method on the same prompts in real vLLM; write acceptance.json/.md under out_dir."""
+    """Run every method on the same prompts in real vLLM; write acceptance.json/.md under out_dir.
+
+    hybrids: head names also served as `hybrid(NAME)`: vLLM's EAGLE-3 drafter with suffix decoding and prompt
+    lookup, chosen per request and step by the policy fitted next to the head (`draftsmith.vllm_hybrid`); a dict
+    maps each to a role its choice is pinned to (None: the policy's), for contract tests."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoConfig, AutoTokenizer
@@ -283,10 +306,22 @@ def run_acceptance(
     odd = [h for h in heads if not re.fullmatch(r"[A-Za-z0-9_.-]+", h)]
     if odd:
         raise ValueError(f"head names {odd} must be letters, digits, '_', '.', '-' (they name files)")
-    names = list(dict.fromkeys([*methods, *heads]))
+    missing = [h for h in hybrids if h not in heads]
+    if missing:
+        raise ValueError(f"hybrids {missing}: name heads given in `heads`")
+    force = dict(hybrids) if isinstance(hybrids, dict) else dict.fromkeys(hybrids)
+    hybrid_of = {f"hybrid({h})" if not force[h] else f"hybrid({h})[{force[h]}]": h for h in force}
+    names = list(dict.fromkeys([*methods, *heads, *hybrid_of]))
     if not names:
         raise ValueError("nothing to run: give methods and/or heads")
-    spec = {n: speculative_config(n, k, heads, settings["ngram_min"], settings["ngram_max"]) for n in names}
+    from draftsmith.vllm_hybrid import hybrid_kwargs
+
+    spec = {
+        n: hybrid_kwargs(heads[hybrid_of[n]], k)["speculative_config"]
+        if n in hybrid_of
+        else speculative_config(n, k, heads, settings["ngram_min"], settings["ngram_max"])
+        for n in names
+    }
 
     target = resolve_target(str(target))
     prompts = load_prompts(prompts_path, num_prompts)
@@ -331,7 +366,7 @@ def run_acceptance(
                 "speculative_config": spec[name],
                 "prompt_token_ids": prompt_ids,
                 "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
-                "engine": {**llm_kwargs, **head_engine_kwargs(name, heads)},
+                "engine": {**llm_kwargs, **head_engine_kwargs(name, heads, hybrid_of, runs_dir, force)},
                 "batch_size": settings["batch_size"],
                 "warmup_tokens": settings["warmup_tokens"],
             }
@@ -345,6 +380,11 @@ def run_acceptance(
     for name in heads:  # the head served, also where the speculative config names a proposer class instead
         if name in rows:
             rows[name]["head_dir"] = str(Path(heads[name]).resolve())
+    for name, head in hybrid_of.items():  # what the policy chose per step, counted in the engine
+        rows[name]["head_dir"] = str(Path(heads[head]).resolve())
+        stats = _hybrid_stats_path(runs_dir, name)
+        if rows[name]["status"] == "ok" and stats.is_file():
+            rows[name]["hybrid_sources"] = json.loads(stats.read_text())["sources"]
     ref_speed = rows.get("none", {}).get("output_tokens_per_s")
     for row in rows.values():
         speed = row.get("output_tokens_per_s")

@@ -166,3 +166,60 @@ def test_full_vocab_head_exports_without_maps_and_serves(tiny_target_dir, tmp_pa
     got = probe(tiny_target_dir, out, [1, 422, 1520, 314, 253], tmp_path)
     assert got["metrics"]["vllm:spec_decode_num_drafts"] > 0
     assert got["draft_logits_calls"][0].shape[-1] == tc.vocab_size
+
+
+def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target_dir, tmp_path):
+    """The hybrid in vLLM (`draftsmith.vllm_hybrid`): pinned to the head its counters equal vLLM's native eagle3,
+    pinned to suffix they equal native suffix decoding; with the policy choosing, greedy output is unchanged and
+    the per-source counts add up to what vLLM counted."""
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.eval.hybrid import Calibration, HybridPolicy
+
+    head_dir = tiny_setup[2]["plain", "speculators"]
+    # the head when it is fairly sure, else whichever training-free draft there is
+    HybridPolicy(
+        k=3,
+        members={
+            "head": Calibration([0.5], [0.2, 1.5], [1, 1]),
+            "ngram": Calibration([], [1.0], [1]),
+            "suffix": Calibration([], [1.0], [1]),
+        },
+    ).save(head_dir)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": p}) + "\n"
+            for p in ("Repeat: one two three, one two three.", "Hello there, how are you?", "Count: 1 2 3 4 5")
+        )
+    )
+    kw = dict(k=3, max_tokens=32, num_prompts=None, temperature=0.0)
+    a = run_acceptance(
+        str(tiny_target_dir),
+        str(prompts),
+        ["none", "suffix"],
+        {"h": str(head_dir)},
+        out_dir=str(tmp_path / "a"),
+        hybrids={"h": "head"},
+        **kw,
+    )
+    b = run_acceptance(
+        str(tiny_target_dir),
+        str(prompts),
+        ["none"],
+        {"g": str(head_dir), "h": str(head_dir)},
+        out_dir=str(tmp_path / "b"),
+        hybrids={"g": "suffix", "h": None},
+        **kw,
+    )
+    rows = {**a["methods"], **{f"b:{n}": r for n, r in b["methods"].items()}}
+    assert all(r["status"] == "ok" for r in rows.values()), {n: r.get("error") for n, r in rows.items()}
+    for name in ("hybrid(h)[head]", "b:hybrid(g)[suffix]", "b:hybrid(h)"):
+        assert rows[name]["match_vs_none"] == 1.0, name  # greedy output unchanged
+    assert rows["hybrid(h)[head]"]["counters"] == rows["h"]["counters"]
+    assert rows["b:hybrid(g)[suffix]"]["counters"] == rows["suffix"]["counters"]
+    assert rows["h"]["counters"]["num_draft_tokens"] > 0 and rows["suffix"]["counters"]["num_draft_tokens"] > 0
+    src = rows["b:hybrid(h)"]["hybrid_sources"]
+    counters = rows["b:hybrid(h)"]["counters"]
+    assert sum(v["draft_tokens"] for v in src.values()) >= counters["num_draft_tokens"]  # a finished one drops its last
+    assert sum(v["accepted_tokens"] for v in src.values()) <= counters["num_accepted_tokens"]
+    assert sum(1 for v in src.values() if v["steps"]) >= 2  # the policy really chose between members

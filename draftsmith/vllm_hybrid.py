@@ -1,0 +1,178 @@
+"""Serve the hybrid drafter in vLLM V1: vLLM's own EAGLE-3 drafter, suffix decoding and prompt lookup, one of
+them chosen per request and step by the policy fitted next to the head (`draftsmith eval fit-hybrid`).
+
+    from vllm import LLM
+    from draftsmith.vllm_hybrid import hybrid_kwargs
+    llm = LLM(model=TARGET, **hybrid_kwargs("exported/eagle3_smollm2", k=3), disable_log_stats=False)
+    # = speculative_config={"method": "eagle3", "model": DIR, "num_speculative_tokens": 3,
+    #                       "disable_padded_drafter_batch": True},
+    #   additional_config={"draftsmith_hybrid": {"policy": DIR, ...}}
+
+How. The general plugin (`draftsmith.vllm_plugin:register`, run by vLLM in every engine process) wraps the model
+runner's `propose_draft_token_ids`. Without `additional_config["draftsmith_hybrid"]` the wrapper calls vLLM's
+method and returns (nothing else changes). With it, after vLLM's EAGLE-3 proposer has drafted its chain for
+every request (its own KV state, the target's aux states: all vLLM's), the wrapper
+
+* reads the head's probability of each token it drafted (a hook on the draft model's `compute_logits`), whose
+  chain score (Σ of running products) is the head's signal, as in the reference decoder;
+* asks vLLM's suffix decoding proposer (arctic-inference, same settings as `method="suffix"`) for its drafts of
+  the same requests, recording each draft's score, and prompt lookup (`ngram_match`, vLLM's rule) for its;
+* keeps per request the draft the policy expects to be accepted furthest.
+
+The drafts then go back as per-request lists of varying length, as ngram and suffix return them; rejection,
+the bonus token and vLLM's spec-decode counters are untouched. `force` ("head", "suffix", "ngram") pins the
+choice (contract tests). Per-source figures (steps given, tokens drafted, tokens accepted: read from how many
+tokens the request advanced on its next step) are written to `stats` (a JSON file) when one is named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+KEY = "draftsmith_hybrid"
+
+
+def hybrid_kwargs(head_dir: str | os.PathLike, k: int = 3, force: str | None = None, stats: str | None = None) -> dict:
+    """LLM(...) keyword arguments serving the exported EAGLE-3 head at head_dir as a hybrid with its fitted policy."""
+    from draftsmith.eval.hybrid import HybridPolicy
+
+    head_dir = str(Path(head_dir).resolve())
+    HybridPolicy.load(head_dir)  # refuse early: no policy, or a malformed one
+    if force not in (None, "head", "suffix", "ngram"):
+        raise ValueError(f"force={force!r}: head, suffix, ngram or None")
+    return {
+        # unpadded drafter batch: vLLM then drafts after its bookkeeping, so every request's token row already holds
+        # this step's tokens when suffix and prompt lookup read it (the padded EAGLE path drafts before)
+        "speculative_config": {
+            "method": "eagle3",
+            "model": head_dir,
+            "num_speculative_tokens": k,
+            "disable_padded_drafter_batch": True,
+        },
+        "additional_config": {KEY: {"policy": head_dir, "force": force, "stats": stats}},
+    }
+
+
+class _Hybrid:
+    """The per-engine state: the policy, the suffix proposer, the head's captured probabilities, the counters."""
+
+    def __init__(self, runner, settings: dict):
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+        from draftsmith.eval.hybrid import HybridPolicy
+
+        self.policy = HybridPolicy.load(settings["policy"])
+        self.force = settings.get("force")
+        self.stats_path = settings.get("stats")
+        cfg = runner.vllm_config.speculative_config
+        self.k = cfg.num_speculative_tokens
+        self.ngram = (cfg.prompt_lookup_min or 2, cfg.prompt_lookup_max or 5)
+        self.suffix = SuffixDecodingProposer(runner.vllm_config) if "suffix" in self.policy.members else None
+        self.scores: dict[str, float] = {}
+        if self.suffix is not None:
+            speculate = self.suffix.suffix_cache.speculate
+
+            def scored(req_id, *a, **kw):
+                draft = speculate(req_id, *a, **kw)
+                self.scores[req_id] = draft.score
+                return draft
+
+            self.suffix.suffix_cache.speculate = scored
+        self.head_probs: list = []  # per chain step: [num_reqs] probability of the drafted token
+        self.hooked = False
+        self.pending: dict[str, tuple[str, int]] = {}  # req_id -> (role, draft length) being verified
+        self.sources = {r: {"steps": 0, "draft_tokens": 0, "accepted_tokens": 0} for r in self.policy.members}
+
+    def hook(self, drafter) -> None:
+        """Capture the head's probability of each token its greedy chain drafts (softmax max of its logits)."""
+        import torch
+
+        model = drafter.model
+        compute_logits = model.compute_logits
+
+        def capture(*a, **kw):
+            logits = compute_logits(*a, **kw)
+            self.head_probs.append(torch.softmax(logits.float(), dim=-1).amax(dim=-1).tolist())
+            return logits
+
+        model.compute_logits = capture
+        self.hooked = True
+
+    def choose(self, runner, head_drafts, sampled_token_ids) -> list[list[int]]:
+        from draftsmith.eval.baselines import ngram_match
+        from draftsmith.eval.reference_decoder import Proposal, chain_score
+
+        batch = runner.input_batch
+        heads = head_drafts.tolist() if hasattr(head_drafts, "tolist") else [list(d) for d in head_drafts]
+        sampled = sampled_token_ids if isinstance(sampled_token_ids, list) else None
+        if sampled is None:  # a padded-batch tensor: rejected slots are -1
+            sampled = [[t for t in row if t >= 0] for row in sampled_token_ids.tolist()]
+        suffix = self.suffix.propose(self.k, batch, sampled) if self.suffix is not None else None
+        out = []
+        for i, req_id in enumerate(batch.req_ids[: len(heads)]):
+            done = self.pending.pop(req_id, None)
+            if done is not None and sampled[i]:  # the tokens this request committed: accepted drafts + one
+                self.sources[done[0]]["accepted_tokens"] += min(len(sampled[i]) - 1, done[1])
+            if not sampled[i]:  # a partial prefill: nothing to draft from
+                out.append([])
+                continue
+            n_tok = int(batch.num_tokens_no_spec[i])
+            tokens = batch.token_ids_cpu[i, :n_tok].tolist()
+            probs = [p[i] for p in self.head_probs[: self.k] if i < len(p)]
+            props = {"head": Proposal(heads[i][: self.k], signal=chain_score(probs))}
+            if "ngram" in self.policy.members:
+                draft, n = ngram_match(tokens, self.k, *self.ngram)
+                props["ngram"] = Proposal(draft, signal=float(n))
+            if suffix is not None:
+                props["suffix"] = Proposal(list(suffix[i]), signal=self.scores.get(req_id, 0.0))
+            role = self.force or self.policy.choose(props)
+            draft = props[role].tokens
+            src = self.sources[role]
+            src["steps"] += 1
+            src["draft_tokens"] += len(draft)
+            self.pending[req_id] = (role, len(draft))
+            out.append(list(draft))
+        for req_id in set(self.pending) - set(batch.req_ids):  # finished requests
+            self.pending.pop(req_id)
+        self.head_probs.clear()
+        self.scores.clear()
+        self.write_stats()
+        return out
+
+    def write_stats(self) -> None:
+        if self.stats_path:
+            from draftsmith.atomic import atomic_write_json
+
+            atomic_write_json(self.stats_path, {"force": self.force, "sources": self.sources})
+
+
+def install() -> None:
+    """Wrap vLLM's model runner so that a hybrid named in additional_config takes over the draft choice."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.propose_draft_token_ids
+    if getattr(original, "_draftsmith_hybrid", False):
+        return
+
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
+        extra = self.vllm_config.additional_config
+        settings = extra.get(KEY) if isinstance(extra, dict) else None
+        if not settings:
+            return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        hybrid = getattr(self, "_draftsmith_hybrid_state", None)
+        if hybrid is None:
+            hybrid = self._draftsmith_hybrid_state = _Hybrid(self, settings)
+        if not hybrid.hooked:
+            hybrid.hook(self.drafter)
+        hybrid.head_probs.clear()
+        drafts = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        return hybrid.choose(self, drafts, sampled_token_ids)
+
+    propose_draft_token_ids._draftsmith_hybrid = True
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+
+
+def read_stats(path: str | os.PathLike) -> dict:
+    return json.loads(Path(path).read_text())

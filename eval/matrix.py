@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -97,6 +98,8 @@ def _prepare_heads(heads: dict[str, str], target: str, out: Path, log, target_co
             family.exporter(state, family.config(**cfg), dest, verifier=target, target_config=target_config, source=p)
             served[name] = str(dest)
             log(f"exported head {name} ({family.name}) from {resolve_checkpoint(p)} -> {dest}")
+            if (p / "hybrid.json").is_file():  # its fitted hybrid policy travels with it
+                shutil.copy2(p / "hybrid.json", dest / "hybrid.json")
         info[name] = {
             "family": family.name,
             "source": str(p),
@@ -158,7 +161,7 @@ def run_matrix(
     served_heads, head_info = _prepare_heads(heads, target, out, log, AutoConfig.from_pretrained(target))
     names = list(dict.fromkeys([*methods, *heads]))
     oracle_members = oracle_sets(names, list(heads)) if reference and oracle and 0 in temperatures else {}
-    policies = _hybrid_policies(heads) if reference and hybrid else {}
+    policies = _hybrid_policies(heads) if hybrid else {}
 
     wl: dict[str, dict] = {}
     for spec in workloads:
@@ -236,6 +239,7 @@ def run_matrix(
                             out_dir=str(cell_dir),
                             temperature=temp,
                             seed=seed,
+                            hybrids=tuple(head for head, _ in policies.values()),
                             **engine,
                         )
                     none_row = r["methods"].get("none", none_row)
@@ -252,6 +256,8 @@ def run_matrix(
                             "speculative_config": row.get("speculative_config"),
                             "dir": str(cell_dir),
                         }
+                        if row.get("hybrid_sources"):
+                            cell["hybrid_sources"] = row["hybrid_sources"]
                         if reused:
                             cell["reused_from"] = f"{cell_dir / 'acceptance.json'} ({r.get('created')})"
                         if name != "none" and none_row and row.get("status") == "ok":
@@ -554,13 +560,14 @@ def chooser_rows(
     for c in cells:
         if sources_key not in c:
             continue
-        key = ("reference", c["workload"], c["temperature"], c["k"])
+        key = (c["source"], c["workload"], c["temperature"], c["k"])
         alone = {
             m: by[(*key, m)].get("tokens_per_target_step") for m in members.get(c["method"], []) if (*key, m) in by
         }
         best = max(alone, key=lambda m: alone[m] or 0.0) if alone else None
         steps = sum(v["steps"] for v in c[sources_key].values())
         row = {
+            "source": c["source"],
             "workload": c["workload"],
             "temperature": c["temperature"],
             "k": c["k"],
@@ -574,7 +581,7 @@ def chooser_rows(
         }
         if oracles is not None:
             same = [o for o, ms in oracles.items() if set(ms) == set(members.get(c["method"], []))]
-            o = by.get((*key, same[0])) if same else None
+            o = by.get(("reference", *key[1:], same[0])) if same else None
             row["oracle"] = same[0] if o else None
             row["oracle_tokens_per_target_step"] = o and o.get("tokens_per_target_step")
         rows.append(row)

@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from importlib import metadata
+from pathlib import Path
 
 from draftsmith.atomic import atomic_write
 
@@ -110,6 +111,7 @@ def run(job: dict) -> dict:
         llm.generate([warm], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
 
     before = read_spec_counters(llm)
+    hybrid_before = _read_json(job.get("hybrid_stats"))
     outputs: list[list[int]] = []
     finish: list[str | None] = []
     generation_s = 0.0
@@ -130,6 +132,8 @@ def run(job: dict) -> dict:
             seconds=round(generation_s, 2),
         )
     after = read_spec_counters(llm)
+    hybrid_after = _read_json(job.get("hybrid_stats"))
+    hybrid_base = (hybrid_before or {}).get("sources", {})
 
     return {
         "name": job["name"],
@@ -139,6 +143,13 @@ def run(job: dict) -> dict:
         "generation_s": generation_s,
         "counters_at_start": before,
         "counters": counter_delta(after, before),
+        # a hybrid drafter's per-source counts over the timed generation (its stats file, differenced likewise)
+        "hybrid_sources": {
+            role: {key: v - hybrid_base.get(role, {}).get(key, 0) for key, v in c.items()}
+            for role, c in hybrid_after["sources"].items()
+        }
+        if hybrid_after
+        else None,
         "prompt_tokens": sum(map(len, job["prompt_token_ids"])),
         "generated_tokens": sum(map(len, outputs)),
         "output_token_ids": outputs,
@@ -156,6 +167,13 @@ def run(job: dict) -> dict:
             )
         },
     }
+
+
+def _read_json(path: str | None) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text()) if path else None
+    except FileNotFoundError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -310,7 +310,7 @@ def run_acceptance(
     if missing:
         raise ValueError(f"hybrids {missing}: name heads given in `heads`")
     force = dict(hybrids) if isinstance(hybrids, dict) else dict.fromkeys(hybrids)
-    hybrid_of = {f"hybrid({h})" if not force[h] else f"hybrid({h})[{force[h]}]": h for h in force}
+    hybrid_of = {f"hybrid({h})" if not force[h] else f"hybrid({h}:{force[h]})": h for h in force}
     names = list(dict.fromkeys([*methods, *heads, *hybrid_of]))
     if not names:
         raise ValueError("nothing to run: give methods and/or heads")
@@ -370,6 +370,8 @@ def run_acceptance(
                 "batch_size": settings["batch_size"],
                 "warmup_tokens": settings["warmup_tokens"],
             }
+            if name in hybrid_of:
+                job["hybrid_stats"] = str(_hybrid_stats_path(runs_dir, name))
             t0 = time.perf_counter()
             children[name] = _run_child(name, job, runs_dir, env, settings["timeout_s"], progress, task)
             children[name]["process_s"] = time.perf_counter() - t0
@@ -382,9 +384,8 @@ def run_acceptance(
             rows[name]["head_dir"] = str(Path(heads[name]).resolve())
     for name, head in hybrid_of.items():  # what the policy chose per step, counted in the engine
         rows[name]["head_dir"] = str(Path(heads[head]).resolve())
-        stats = _hybrid_stats_path(runs_dir, name)
-        if rows[name]["status"] == "ok" and stats.is_file():
-            rows[name]["hybrid_sources"] = json.loads(stats.read_text())["sources"]
+        if rows[name]["status"] == "ok":  # over the timed generation, as the counters
+            rows[name]["hybrid_sources"] = children[name].get("hybrid_sources")
     ref_speed = rows.get("none", {}).get("output_tokens_per_s")
     for row in rows.values():
         speed = row.get("output_tokens_per_s")

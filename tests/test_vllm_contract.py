@@ -213,10 +213,10 @@ def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target
     )
     rows = {**a["methods"], **{f"b:{n}": r for n, r in b["methods"].items()}}
     assert all(r["status"] == "ok" for r in rows.values()), {n: r.get("error") for n, r in rows.items()}
-    for name in ("hybrid(h)[head]", "b:hybrid(g)[suffix]", "b:hybrid(h)"):
+    for name in ("hybrid(h:head)", "b:hybrid(g:suffix)", "b:hybrid(h)"):
         assert rows[name]["match_vs_none"] == 1.0, name  # greedy output unchanged
-    assert rows["hybrid(h)[head]"]["counters"] == rows["h"]["counters"]
-    assert rows["b:hybrid(g)[suffix]"]["counters"] == rows["suffix"]["counters"]
+    assert rows["hybrid(h:head)"]["counters"] == rows["h"]["counters"]
+    assert rows["b:hybrid(g:suffix)"]["counters"] == rows["suffix"]["counters"]
     assert rows["h"]["counters"]["num_draft_tokens"] > 0 and rows["suffix"]["counters"]["num_draft_tokens"] > 0
     src = rows["b:hybrid(h)"]["hybrid_sources"]
     counters = rows["b:hybrid(h)"]["counters"]

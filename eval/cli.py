@@ -75,6 +75,14 @@ def acceptance(argv: list[str]) -> int:
         help="an exported head dir (EAGLE-3 or MLP speculator) to run as method NAME (repeatable)",
     )
     p.add_argument(
+        "--hybrid",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also serve head NAME as hybrid(NAME): its fitted hybrid.json picks head/suffix/ngram per step "
+        "(`draftsmith eval fit-hybrid`; repeatable)",
+    )
+    p.add_argument(
         "--methods",
         type=methods_arg,
         default=list(BASELINES),
@@ -136,6 +144,7 @@ def acceptance(argv: list[str]) -> int:
             max_model_len=args.max_model_len,
             threads=args.threads,
             timeout_s=args.timeout,
+            hybrids=tuple(args.hybrid),
         )
     except (PromptFileError, FileNotFoundError, ValueError) as e:
         print(f"draftsmith eval acceptance: {e}", file=sys.stderr)

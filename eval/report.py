@@ -70,16 +70,18 @@ def _hybrid_section(rows: list[dict], hybrids: dict) -> list[str]:
         if fit
     )
     lines = [
-        "## Hybrid: the fitted policy's choice per step (reference decoder)",
+        "## Hybrid: the fitted policy's choice per step (served in vLLM and reference decoder)",
         "",
         "Per step every member drafts and the policy (fitted on training conversations, never on these prompts"
         + (f" — {fitted}" if fitted else "")
         + ") proposes the one it expects to be accepted furthest. Gain = tokens per target step over the best "
-        "member alone; per member: share of the steps it was given, tokens accepted / drafted there.",
+        "member alone (same source); oracle = the reference decoder's oracle over the same members (greedy); per "
+        "member: share of the steps it was given, tokens accepted / drafted there.",
         "",
     ]
     lines += _table(
         [
+            "source",
             "workload",
             "T",
             "k",
@@ -94,6 +96,7 @@ def _hybrid_section(rows: list[dict], hybrids: dict) -> list[str]:
         ],
         [
             [
+                r.get("source", "reference"),
                 r["workload"],
                 _f(r["temperature"], "g"),
                 r["k"],

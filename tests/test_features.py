@@ -178,3 +178,25 @@ def test_regen_data_path_generates_once_and_trains(tiny_target_dir, data_file, t
     assert not any("remarkable" in a for a in answers)  # the source's answers were replaced
     second = run_train(tiny_target_dir, data_file, tmp_path / "b", *args)
     assert "regenerate:" not in second.stdout  # cached: the target is not asked again
+
+
+def test_stream_disk_count_tolerates_a_shard_deleted_while_counting(tmp_path, monkeypatch):
+    """The producer counts its directory while the training rank deletes shards it has read: a file listed and
+    then gone no longer counts (it used to kill the producer with FileNotFoundError)."""
+    from pathlib import Path
+
+    from draftsmith.train.features.stream import _dir_bytes
+
+    class DeletedAfterListing(type(tmp_path)):  # a regular file when listed, gone by the time it is measured
+        def is_file(self):
+            return True
+
+        def stat(self, **kw):
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+
+    (tmp_path / "kept.safetensors").write_bytes(b"x" * 10)
+    (tmp_path / "sub").mkdir()
+    gone = DeletedAfterListing(tmp_path / "read-and-deleted.safetensors")
+    listed = [tmp_path / "kept.safetensors", gone, tmp_path / "sub"]
+    monkeypatch.setattr(Path, "iterdir", lambda self: iter(listed))
+    assert _dir_bytes(tmp_path) == 10

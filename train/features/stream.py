@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -29,7 +30,17 @@ MAX_SEARCH_EPOCHS = 1000
 
 
 def _dir_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.iterdir() if p.is_file())
+    """Bytes of the files in root now. The training rank deletes shards it has read while this runs, so a file
+    listed a moment ago may be gone: it no longer counts."""
+    total = 0
+    for p in root.iterdir():
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
 
 
 class StreamProducer:

@@ -27,7 +27,6 @@ tokens the request advanced on its next step) are written to `stats` (a JSON fil
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -136,8 +135,6 @@ class _Hybrid:
             out.append(list(draft))
         for req_id in set(self.pending) - set(batch.req_ids):  # finished requests
             self.pending.pop(req_id)
-        self.head_probs.clear()
-        self.scores.clear()
         self.write_stats()
         return out
 
@@ -166,13 +163,10 @@ def install() -> None:
             hybrid = self._draftsmith_hybrid_state = _Hybrid(self, settings)
         if not hybrid.hooked:
             hybrid.hook(self.drafter)
-        hybrid.head_probs.clear()
+        hybrid.head_probs.clear()  # this step's captures only (the runner's dummy runs also compute logits)
+        hybrid.scores.clear()
         drafts = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
         return hybrid.choose(self, drafts, sampled_token_ids)
 
     propose_draft_token_ids._draftsmith_hybrid = True
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
-
-
-def read_stats(path: str | os.PathLike) -> dict:
-    return json.loads(Path(path).read_text())

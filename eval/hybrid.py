@@ -80,7 +80,7 @@ class HybridPolicy:
         return max(PREFERENCE, key=lambda r: (expected(r), -PREFERENCE.index(r)) if r in proposals else (-2.0, 0))
 
     def to_json(self) -> dict:
-        return {"format": "draftsmith-hybrid-1", "k": self.k, **asdict(self)}
+        return {"format": "draftsmith-hybrid-1", **asdict(self)}
 
     @classmethod
     def from_json(cls, data: dict, source: str = "hybrid policy") -> HybridPolicy:
@@ -294,14 +294,6 @@ def fit_policy(records: list[list[dict]], k: int, bins: int = 16) -> tuple[Hybri
     return policy, figures
 
 
-def load_conversations(path: str | Path, limit: int | None, skip: int = 0) -> list[dict]:
-    """First user turns of a training JSONL (ShareGPT / messages / prompt records), as prompt dicts."""
-    from draftsmith.eval.prompts import load_prompts
-
-    prompts = load_prompts(path, None if limit is None else skip + limit)
-    return prompts[skip:]
-
-
 def fit_hybrid(
     target: str,
     head_dir: str | Path,
@@ -321,7 +313,7 @@ def fit_hybrid(
 
     from draftsmith.assets import cache_dir, resolve_target
     from draftsmith.eval.head_check import check_head_for_target
-    from draftsmith.eval.prompts import render_prompts
+    from draftsmith.eval.prompts import load_prompts, render_prompts
     from draftsmith.eval.reference_decoder import load_head_drafter
     from draftsmith.generate import cached_generate
     from draftsmith.train.checkpoint import read_head
@@ -334,17 +326,17 @@ def fit_hybrid(
     head_dir = Path(head_dir)
     check_head_for_target(head_dir, target)  # an exported head, a checkpoint or a run dir, made for this target
     tokenizer = AutoTokenizer.from_pretrained(target)
+    banned = set()
     if exclude:  # e.g. a run's heldout_prompts.jsonl: those first turns never reach the fit
-        from draftsmith.eval.prompts import load_prompts
-
         banned = {prompt_key(p) for p in render_prompts(tokenizer, load_prompts(exclude))}
-        prompts = [
-            p for p in render_prompts(tokenizer, load_conversations(data, None, skip)) if prompt_key(p) not in banned
-        ]
         log(f"fit-hybrid: {len(banned)} prompts of {exclude} excluded")
-        prompts = prompts[:num_conversations]
-    else:
-        prompts = render_prompts(tokenizer, load_conversations(data, num_conversations, skip))
+    prompts = []
+    for rec in load_prompts(data, None if banned else skip + num_conversations)[skip:]:  # first user turns
+        (ids,) = render_prompts(tokenizer, [rec])  # one at a time: only as many as the fit takes are rendered
+        if prompt_key(ids) not in banned:
+            prompts.append(ids)
+            if len(prompts) == num_conversations:
+                break
     if not prompts:
         raise ValueError(f"{data}: no conversations to fit on (skip={skip})")
     log(f"fit-hybrid: {len(prompts)} first turns of {data}; the target answers them greedily ({max_tokens} tokens)")

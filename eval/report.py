@@ -15,6 +15,23 @@ def _table(cols: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def _chooser_cells(r: dict) -> list[str]:
+    """tok/step, best alone, tok/step alone, gain: the columns an oracle and a hybrid row share."""
+    return [
+        _f(r["tokens_per_target_step"]),
+        r["best_alone"] or "—",
+        _f(r["best_alone_tokens_per_target_step"]),
+        _f(r["gain"], ".2f") + "×" if r["gain"] else "—",
+    ]
+
+
+def _sources_cell(r: dict) -> str:
+    """Per member: share of the steps, tokens accepted / drafted there."""
+    return ", ".join(
+        f"{m} {_f(v['share'], '.0%')}: {v['accepted_tokens']}/{v['draft_tokens']}" for m, v in r["sources"].items()
+    )
+
+
 def _oracle_section(rows: list[dict]) -> list[str]:
     """The oracle table: per cell its tokens per step against the best member alone, and the steps each member won."""
     if not rows:
@@ -39,22 +56,7 @@ def _oracle_section(rows: list[dict]) -> list[str]:
             "gain",
             "steps won: accepted/drafted",
         ],
-        [
-            [
-                r["workload"],
-                r["k"],
-                r["method"],
-                _f(r["tokens_per_target_step"]),
-                r["best_alone"] or "—",
-                _f(r["best_alone_tokens_per_target_step"]),
-                _f(r["gain"], ".2f") + "×" if r["gain"] else "—",
-                ", ".join(
-                    f"{m} {_f(v['share'], '.0%')}: {v['accepted_tokens']}/{v['draft_tokens']}"
-                    for m, v in r["sources"].items()
-                ),
-            ]
-            for r in rows
-        ],
+        [[r["workload"], r["k"], r["method"], *_chooser_cells(r), _sources_cell(r)] for r in rows],
     ) + [""]
     return lines
 
@@ -101,16 +103,10 @@ def _hybrid_section(rows: list[dict], hybrids: dict) -> list[str]:
                 _f(r["temperature"], "g"),
                 r["k"],
                 r["method"],
-                _f(r["tokens_per_target_step"]),
-                r["best_alone"] or "—",
-                _f(r["best_alone_tokens_per_target_step"]),
-                _f(r["gain"], ".2f") + "×" if r["gain"] else "—",
+                *_chooser_cells(r),
                 _f(r.get("oracle_tokens_per_target_step")),
                 _f(r.get("speedup_vs_none")),
-                ", ".join(
-                    f"{m} {_f(v['share'], '.0%')}: {v['accepted_tokens']}/{v['draft_tokens']}"
-                    for m, v in r["sources"].items()
-                ),
+                _sources_cell(r),
             ]
             for r in rows
         ],

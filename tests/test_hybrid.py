@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from conftest import build_tiny_llama
-from test_reference_decoder import (
-    AUX,
+from test_reference_decoder import (  # noqa: F401  (one_thread, tiny128 and small_target are fixtures)
     N_SAMPLES,
     PROMPT,
     PROMPTS,
@@ -18,9 +15,11 @@ from test_reference_decoder import (
     chi_square,
     exact_continuation_probs,
     make_head,
+    one_thread,
     plain_greedy,
     sample_counts,
-    small_target,  # noqa: F401  (a fixture)
+    small_target,
+    tiny128,
 )
 
 from draftsmith.eval.hybrid import (
@@ -43,20 +42,6 @@ from draftsmith.eval.reference_decoder import (
     chain_score,
     decode_prompts,
 )
-from draftsmith.train.target import Target
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny128():
-    return Target(build_tiny_llama(vocab_size=128, seed=3).double(), AUX)
 
 
 def test_chain_score_and_signals():
@@ -241,33 +226,20 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path):
     report = (tmp_path / "m" / "report.md").read_text()
     assert "## Hybrid" in report and name in report and "2 conversations of `train.jsonl`" in report
 
-    with pytest.raises(ValueError, match="fitted on"):
-        run_matrix(
+    def greedy_ngram_matrix(workload: str, out: str, **extra) -> dict:
+        return run_matrix(
             str(tiny_target_dir),
-            [f"train={train}"],
+            [workload],
             ["ngram"],
             {"h": str(head)},
             temperatures=[0.0],
-            out_dir=str(tmp_path / "x"),
+            out_dir=str(tmp_path / out),
             **kw,
+            **extra,
         )
-    run_matrix(  # the excluded prompt was never fitted on: evaluating on it is fine
-        str(tiny_target_dir),
-        [f"heldout={excluded}"],
-        ["ngram"],
-        {"h": str(head)},
-        temperatures=[0.0],
-        out_dir=str(tmp_path / "z"),
-        **kw,
-    )
-    off = run_matrix(
-        str(tiny_target_dir),
-        [f"train={train}"],
-        ["ngram"],
-        {"h": str(head)},
-        temperatures=[0.0],
-        out_dir=str(tmp_path / "y"),
-        hybrid=False,
-        **kw,
-    )
+
+    with pytest.raises(ValueError, match="fitted on"):
+        greedy_ngram_matrix(f"train={train}", "x")
+    greedy_ngram_matrix(f"heldout={excluded}", "z")  # the excluded prompt was never fitted on: evaluating on it is fine
+    off = greedy_ngram_matrix(f"train={train}", "y", hybrid=False)
     assert off["hybrids"] == {} and not off["hybrid"]

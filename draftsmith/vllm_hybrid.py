@@ -10,24 +10,31 @@ them chosen per request and step by the policy fitted next to the head (`draftsm
 
 How. The general plugin (`draftsmith.vllm_plugin:register`, run by vLLM in every engine process) wraps the model
 runner's `propose_draft_token_ids`. Without `additional_config["draftsmith_hybrid"]` the wrapper calls vLLM's
-method and returns (nothing else changes). With it, after vLLM's EAGLE-3 proposer has drafted its chain for
-every request (its own KV state, the target's aux states: all vLLM's), the wrapper
+method and returns (nothing else changes). With it, each step the wrapper
 
-* reads the head's probability of each token it drafted (a hook on the draft model's `compute_logits`), whose
-  chain score (Σ of running products) is the head's signal, as in the reference decoder;
-* asks vLLM's suffix decoding proposer (arctic-inference, same settings as `method="suffix"`) for its drafts of
-  the same requests, recording each draft's score, and prompt lookup (`ngram_match`, vLLM's rule) for its;
+* asks vLLM's suffix decoding proposer (arctic-inference, same settings as `method="suffix"`) for its drafts,
+  recording each draft's score, and prompt lookup (`ngram_match`, vLLM's rule) for its;
+* lets vLLM's EAGLE-3 proposer draft its chain for every request (its own KV state, the target's aux states:
+  all vLLM's), reading the head's probability of each token it drafted (a hook on the draft model's
+  `compute_logits`), whose chain score (Σ of running products) is the head's signal, as in the reference
+  decoder. When no request's training-free drafts leave the head a chance (the policy's best head bin does not
+  beat them), the chain is not run: vLLM's dynamic draft length is set to 0 for the step, so the drafter only
+  runs its first pass, which keeps the head's KV cache in step with the target's. The choice is the same as
+  if the head had drafted; only its cost is saved;
 * keeps per request the draft the policy expects to be accepted furthest.
 
 The drafts then go back as per-request lists of varying length, as ngram and suffix return them; rejection,
 the bonus token and vLLM's spec-decode counters are untouched. `force` ("head", "suffix", "ngram") pins the
-choice (contract tests). Per-source figures (steps given, tokens drafted, tokens accepted: read from how many
-tokens the request advanced on its next step) are written to `stats` (a JSON file) when one is named.
+choice, "full" never skips the head's chain (contract tests). Per-source figures (steps given, tokens
+drafted, tokens accepted: read from how many tokens the request advanced on its next step), the seconds spent
+in each drafting part and the steps whose head chain was skipped are written to `stats` (a JSON file) when one
+is named.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 KEY = "draftsmith_hybrid"
@@ -39,8 +46,10 @@ def hybrid_kwargs(head_dir: str | os.PathLike, k: int = 3, force: str | None = N
 
     head_dir = str(Path(head_dir).resolve())
     HybridPolicy.load(head_dir)  # refuse early: no policy, or a malformed one
-    if force not in (None, "head", "suffix", "ngram"):
-        raise ValueError(f"force={force!r}: head, suffix, ngram or None")
+    if force not in (None, "head", "suffix", "ngram", "full"):
+        raise ValueError(f"force={force!r}: head, suffix, ngram, full or None")
+    # "full": the policy chooses, but the head's chain runs every step (never skipped; the skip's contract test)
+    settings = {"policy": head_dir, "force": None if force == "full" else force, "skip_head": force != "full"}
     return {
         # unpadded drafter batch: vLLM then drafts after its bookkeeping, so every request's token row already holds
         # this step's tokens when suffix and prompt lookup read it (the padded EAGLE path drafts before)
@@ -50,7 +59,7 @@ def hybrid_kwargs(head_dir: str | os.PathLike, k: int = 3, force: str | None = N
             "num_speculative_tokens": k,
             "disable_padded_drafter_batch": True,
         },
-        "additional_config": {KEY: {"policy": head_dir, "force": force, "stats": stats}},
+        "additional_config": {KEY: {**settings, "stats": stats}},
     }
 
 
@@ -64,6 +73,7 @@ class _Hybrid:
 
         self.policy = HybridPolicy.load(settings["policy"])
         self.force = settings.get("force")
+        self.skip_head = settings.get("skip_head", True)
         self.stats_path = settings.get("stats")
         cfg = runner.vllm_config.speculative_config
         self.k = cfg.num_speculative_tokens
@@ -83,11 +93,16 @@ class _Hybrid:
         self.hooked = False
         self.pending: dict[str, tuple[str, int]] = {}  # req_id -> (role, draft length) being verified
         self.sources = {r: {"steps": 0, "draft_tokens": 0, "accepted_tokens": 0} for r in self.policy.members}
+        self.seconds = {"head": 0.0, "suffix": 0.0, "ngram": 0.0, "choose": 0.0}  # wall time of each drafting part
+        self.skipped = 0  # steps on which no request's head draft could have been chosen: its chain did not run
 
     def hook(self, drafter) -> None:
         """Capture the head's probability of each token its greedy chain drafts (softmax max of its logits)."""
         import torch
 
+        if getattr(drafter, "_enable_probabilistic_draft_probs", False):
+            # the runner would then verify suffix/ngram drafts against the head's draft probabilities
+            raise ValueError("the hybrid drafter needs vLLM's greedy EAGLE drafting (draft_sample_method='greedy')")
         model = drafter.model
         compute_logits = model.compute_logits
 
@@ -99,42 +114,70 @@ class _Hybrid:
         model.compute_logits = capture
         self.hooked = True
 
-    def choose(self, runner, head_drafts, sampled_token_ids) -> list[list[int]]:
+    def free_drafts(self, runner, sampled_token_ids) -> list[dict | None]:
+        """Before the head runs: per request its suffix and prompt-lookup drafts (None for a partial prefill,
+        which drafts nothing); and the accounting of the drafts just verified."""
         from draftsmith.eval.baselines import ngram_match
-        from draftsmith.eval.reference_decoder import Proposal, chain_score
+        from draftsmith.eval.reference_decoder import Proposal
 
+        t0 = time.perf_counter()
         batch = runner.input_batch
-        heads = head_drafts.tolist() if hasattr(head_drafts, "tolist") else [list(d) for d in head_drafts]
         sampled = sampled_token_ids if isinstance(sampled_token_ids, list) else None
         if sampled is None:  # a padded-batch tensor: rejected slots are -1
             sampled = [[t for t in row if t >= 0] for row in sampled_token_ids.tolist()]
         suffix = self.suffix.propose(self.k, batch, sampled) if self.suffix is not None else None
-        out = []
-        for i, req_id in enumerate(batch.req_ids[: len(heads)]):
+        t1 = time.perf_counter()
+        self.seconds["suffix"] += t1 - t0
+        free: list[dict | None] = []
+        for i, req_id in enumerate(batch.req_ids[: len(sampled)]):
             done = self.pending.pop(req_id, None)
             if done is not None and sampled[i]:  # the tokens this request committed: accepted drafts + one
                 self.sources[done[0]]["accepted_tokens"] += min(len(sampled[i]) - 1, done[1])
-            if not sampled[i]:  # a partial prefill: nothing to draft from
-                out.append([])
+            if not sampled[i]:
+                free.append(None)
                 continue
-            n_tok = int(batch.num_tokens_no_spec[i])
-            tokens = batch.token_ids_cpu[i, :n_tok].tolist()
-            probs = [p[i] for p in self.head_probs[: self.k] if i < len(p)]
-            props = {"head": Proposal(heads[i][: self.k], signal=chain_score(probs))}
+            props = {}
             if "ngram" in self.policy.members:
+                tokens = batch.token_ids_cpu[i, : int(batch.num_tokens_no_spec[i])].tolist()
                 draft, n = ngram_match(tokens, self.k, *self.ngram)
                 props["ngram"] = Proposal(draft, signal=float(n))
             if suffix is not None:
                 props["suffix"] = Proposal(list(suffix[i]), signal=self.scores.get(req_id, 0.0))
+            free.append(props)
+        for req_id in set(self.pending) - set(batch.req_ids):  # finished requests
+            self.pending.pop(req_id)
+        self.seconds["ngram"] += time.perf_counter() - t1
+        return free
+
+    def head_needed(self, free: list[dict | None]) -> bool:
+        """Whether the head's chain must run this step: forced to the head, or some request's training-free
+        drafts leave the head a chance (the policy's choice is then the same as if the head had drafted)."""
+        if self.force is not None:
+            return self.force == "head"
+        return not self.skip_head or any(props is not None and self.policy.head_can_win(props) for props in free)
+
+    def choose(self, runner, head_drafts, free: list[dict | None]) -> list[list[int]]:
+        from draftsmith.eval.reference_decoder import Proposal, chain_score
+
+        t0 = time.perf_counter()
+        batch = runner.input_batch
+        heads = head_drafts.tolist() if hasattr(head_drafts, "tolist") else [list(d) for d in head_drafts]
+        out = []
+        for i, props in enumerate(free):
+            if props is None:  # a partial prefill: nothing to draft from
+                out.append([])
+                continue
+            probs = [p[i] for p in self.head_probs[: self.k] if i < len(p)]
+            head = heads[i][: self.k] if i < len(heads) else []
+            props = {"head": Proposal(head, signal=chain_score(probs)), **props}
             role = self.force or self.policy.choose(props)
             draft = props[role].tokens
             src = self.sources[role]
             src["steps"] += 1
             src["draft_tokens"] += len(draft)
-            self.pending[req_id] = (role, len(draft))
+            self.pending[batch.req_ids[i]] = (role, len(draft))
             out.append(list(draft))
-        for req_id in set(self.pending) - set(batch.req_ids):  # finished requests
-            self.pending.pop(req_id)
+        self.seconds["choose"] += time.perf_counter() - t0
         self.write_stats()
         return out
 
@@ -142,7 +185,8 @@ class _Hybrid:
         if self.stats_path:
             from draftsmith.atomic import atomic_write_json
 
-            atomic_write_json(self.stats_path, {"force": self.force, "sources": self.sources})
+            stats = {"force": self.force, "sources": self.sources, "seconds": self.seconds}
+            atomic_write_json(self.stats_path, {**stats, "head_skipped": self.skipped})
 
 
 def install() -> None:
@@ -165,8 +209,20 @@ def install() -> None:
             hybrid.hook(self.drafter)
         hybrid.head_probs.clear()  # this step's captures only (the runner's dummy runs also compute logits)
         hybrid.scores.clear()
-        drafts = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
-        return hybrid.choose(self, drafts, sampled_token_ids)
+        free = hybrid.free_drafts(self, sampled_token_ids)
+        depth = scheduler_output.num_spec_tokens_to_schedule
+        if not hybrid.head_needed(free):
+            # vLLM's dynamic-draft-length path: the drafter's first pass still runs (the head's KV cache stays
+            # in step with the target's), but it drafts nothing
+            hybrid.skipped += 1
+            scheduler_output.num_spec_tokens_to_schedule = 0
+        t = time.perf_counter()
+        try:
+            drafts = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        finally:
+            scheduler_output.num_spec_tokens_to_schedule = depth
+        hybrid.seconds["head"] += time.perf_counter() - t
+        return hybrid.choose(self, drafts, free)
 
     propose_draft_token_ids._draftsmith_hybrid = True
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids

@@ -150,6 +150,17 @@ def run(job: dict) -> dict:
         }
         if hybrid_after
         else None,
+        # the wall time of its drafting parts (head chain, suffix, prompt lookup, the choice itself) and the
+        # steps on which the head's chain was skipped (no head draft could have been chosen)
+        "hybrid_seconds": {
+            part: round(v - (hybrid_before or {}).get("seconds", {}).get(part, 0.0), 3)
+            for part, v in hybrid_after.get("seconds", {}).items()
+        }
+        if hybrid_after
+        else None,
+        "hybrid_head_skipped": hybrid_after.get("head_skipped", 0) - (hybrid_before or {}).get("head_skipped", 0)
+        if hybrid_after
+        else None,
         "prompt_tokens": sum(map(len, job["prompt_token_ids"])),
         "generated_tokens": sum(map(len, outputs)),
         "output_token_ids": outputs,

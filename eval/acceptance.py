@@ -385,7 +385,8 @@ def run_acceptance(
     for name, head in hybrid_of.items():  # what the policy chose per step, counted in the engine
         rows[name]["head_dir"] = str(Path(heads[head]).resolve())
         if rows[name]["status"] == "ok":  # over the timed generation, as the counters
-            rows[name]["hybrid_sources"] = children[name].get("hybrid_sources")
+            for key in ("hybrid_sources", "hybrid_seconds", "hybrid_head_skipped"):
+                rows[name][key] = children[name].get(key)
     ref_speed = rows.get("none", {}).get("output_tokens_per_s")
     for row in rows.values():
         speed = row.get("output_tokens_per_s")

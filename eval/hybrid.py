@@ -70,14 +70,22 @@ class HybridPolicy:
     members: dict[str, Calibration]  # role -> calibration
     fitted_on: dict = field(default_factory=dict)  # source, conversations, positions, prompt keys, figures
 
+    def expected(self, role: str, proposal: Proposal) -> float:
+        """The tokens the calibration expects to be accepted of this draft (an empty draft: -1, never chosen)."""
+        return self.members[role].expect(proposal.signal or 0.0) if proposal.tokens else -1.0
+
     def choose(self, proposals: dict[str, Proposal]) -> str:
-        """The role whose draft the calibration expects to be accepted furthest (an empty draft expects 0)."""
+        """The role whose draft the calibration expects to be accepted furthest; ties go to the cheaper one."""
+        return max(
+            PREFERENCE,
+            key=lambda r: (self.expected(r, proposals[r]), -PREFERENCE.index(r)) if r in proposals else (-2.0, 0),
+        )
 
-        def expected(role: str) -> float:
-            p = proposals[role]
-            return self.members[role].expect(p.signal or 0.0) if p.tokens else -1.0
-
-        return max(PREFERENCE, key=lambda r: (expected(r), -PREFERENCE.index(r)) if r in proposals else (-2.0, 0))
+    def head_can_win(self, free: dict[str, Proposal]) -> bool:
+        """Whether any head draft could still be chosen beside these training-free drafts: the head's best bin
+        beats their best expectation (a tie goes to them). When it cannot, the head's chain need not be run."""
+        best = max((self.expected(r, p) for r, p in free.items()), default=-1.0)
+        return self.members["head"].accepted[-1] > best
 
     def to_json(self) -> dict:
         return {"format": "draftsmith-hybrid-1", **asdict(self)}

@@ -257,7 +257,8 @@ def run_matrix(
                             "dir": str(cell_dir),
                         }
                         if row.get("hybrid_sources"):
-                            cell["hybrid_sources"] = row["hybrid_sources"]
+                            for key in ("hybrid_sources", "hybrid_seconds", "hybrid_head_skipped"):
+                                cell[key] = row.get(key)
                         if reused:
                             cell["reused_from"] = f"{cell_dir / 'acceptance.json'} ({r.get('created')})"
                         if name != "none" and none_row and row.get("status") == "ok":
@@ -577,6 +578,12 @@ def chooser_rows(
             "best_alone_tokens_per_target_step": alone.get(best),
             "gain": c["tokens_per_target_step"] / alone[best] if best and alone[best] else None,
             "speedup_vs_none": c.get("speedup_vs_none"),
+            # the fastest member alone in tok/s (served cells measure speed)
+            "best_alone_speedup_vs_none": max(
+                (by[(*key, m)].get("speedup_vs_none") or 0.0 for m in alone), default=None
+            )
+            or None,
+            "head_skipped": c.get("hybrid_head_skipped"),  # served: steps whose head chain was not run
             "sources": {m: {**v, "share": v["steps"] / steps if steps else None} for m, v in c[sources_key].items()},
         }
         if oracles is not None:

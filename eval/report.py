@@ -78,7 +78,8 @@ def _hybrid_section(rows: list[dict], hybrids: dict) -> list[str]:
         + (f" — {fitted}" if fitted else "")
         + ") proposes the one it expects to be accepted furthest. Gain = tokens per target step over the best "
         "member alone (same source); oracle = the reference decoder's oracle over the same members (greedy); per "
-        "member: share of the steps it was given, tokens accepted / drafted there.",
+        "member: share of the steps it was given, tokens accepted / drafted there. Served, the head's chain is not "
+        "run on steps where no head draft could be chosen (head chain skipped).",
         "",
     ]
     lines += _table(
@@ -94,6 +95,8 @@ def _hybrid_section(rows: list[dict], hybrids: dict) -> list[str]:
             "gain",
             "oracle",
             "speedup",
+            "best alone speedup",
+            "head chain skipped",
             "steps given: accepted/drafted",
         ],
         [
@@ -106,6 +109,8 @@ def _hybrid_section(rows: list[dict], hybrids: dict) -> list[str]:
                 *_chooser_cells(r),
                 _f(r.get("oracle_tokens_per_target_step")),
                 _f(r.get("speedup_vs_none")),
+                _f(r.get("best_alone_speedup_vs_none")),
+                "—" if r.get("head_skipped") is None else r["head_skipped"],
                 _sources_cell(r),
             ]
             for r in rows

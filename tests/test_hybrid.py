@@ -4,6 +4,7 @@ decoding step for step, greedy equality and the sampled output distribution, fit
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from test_reference_decoder import (  # noqa: F401  (one_thread, tiny128 and small_target are fixtures)
@@ -95,6 +96,33 @@ def test_policy_choice_hand_made():
     assert pol.choose({"head": P([1], signal=0.9), "suffix": P([3], signal=0.5), "ngram": P([5], signal=5)}) == "ngram"
     # empty drafts never win over a non-empty one, whatever their signal
     assert pol.choose({"head": P([1], signal=0.0), "suffix": P([], signal=9.0), "ngram": P([], signal=9)}) == "head"
+
+
+def test_head_chain_is_skipped_only_where_no_head_draft_could_be_chosen():
+    """Served, the head's chain is not run when `head_can_win` says no: hand-made cases, then on random policies
+    and drafts the choice with any head draft at all never falls on the head where the skip says it cannot."""
+    pol = policy_of(([0.5], [0.3, 1.2], [10, 10]), ([1.0], [0.4, 2.0], [10, 10]), ([3.0], [0.9, 1.8], [10, 10]))
+    P = Proposal
+    assert not pol.head_can_win({"suffix": P([3], signal=2.0), "ngram": P([], signal=0.0)})  # 2.0 >= head's best 1.2
+    assert pol.head_can_win({"suffix": P([3], signal=0.5), "ngram": P([4], signal=2)})  # 0.9 < 1.2
+    assert pol.head_can_win({"suffix": P([], signal=9.0), "ngram": P([], signal=9)})  # nothing drafted
+    tie = policy_of(([0.5], [0.3, 1.2], [10, 10]), ngram_bins=([3.0], [1.2, 1.8], [10, 10]))
+    assert not tie.head_can_win({"ngram": P([4], signal=2)})  # a tie goes to the cheaper member
+    rng = random.Random(0)
+    skipped = 0
+
+    def bins():
+        return [0.5, 1.5], sorted(rng.choice([0.2, 0.5, 1.0, 1.5, 2.0]) for _ in range(3)), [1, 1, 1]
+
+    for _ in range(400):
+        pol = policy_of(bins(), bins(), bins())
+        free = {r: P([7] * rng.randint(0, 3), signal=rng.uniform(0, 3)) for r in ("suffix", "ngram")}
+        if pol.head_can_win(free):
+            continue
+        skipped += 1
+        for signal in (0.0, 0.6, 1.0, 2.0, 9.0):
+            assert pol.choose({"head": P([1, 2, 3], signal=signal), **free}) != "head", (pol, free, signal)
+    assert 50 < skipped < 400  # both outcomes occur
 
 
 def test_policy_file_round_trip_and_errors(tmp_path):

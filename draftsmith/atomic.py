@@ -23,31 +23,35 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 @contextmanager
-def atomic_file(final: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `final` to write; on success it is fsynced and renamed over `final`."""
+def atomic_file(final: str | os.PathLike, durable: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside `final` to write; on success it is fsynced and renamed over `final`.
+    durable=False skips the fsyncs: readers still see the old or the new file, never half, but a power cut may
+    lose the write (for telemetry rewritten many times a second, never for data or checkpoints)."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.touch(exist_ok=False)  # the umask's permissions, like any file the user writes (mkstemp would give 0600)
     try:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, final)
-        fsync_dir(final.parent)
+        if durable:
+            fsync_dir(final.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
     """Replace `path` with `data` atomically."""
-    with atomic_file(path) as tmp:
+    with atomic_file(path, durable) as tmp:
         tmp.write_bytes(data)
 
 
-def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> None:
-    atomic_write(path, (json.dumps(obj, indent=indent) + "\n").encode())
+def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 1, durable: bool = True) -> None:
+    atomic_write(path, (json.dumps(obj, indent=indent) + "\n").encode(), durable)
 
 
 @contextmanager

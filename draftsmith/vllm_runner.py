@@ -24,6 +24,7 @@ from pathlib import Path
 from draftsmith.atomic import atomic_write
 
 EVENT = "@draftsmith-eval "
+HYBRID_KEYS = ("hybrid_sources", "hybrid_seconds", "hybrid_head_skipped")  # a hybrid's stats in a result
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
     "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
@@ -133,7 +134,6 @@ def run(job: dict) -> dict:
         )
     after = read_spec_counters(llm)
     hybrid_after = _read_json(job.get("hybrid_stats"))
-    hybrid_base = (hybrid_before or {}).get("sources", {})
 
     return {
         "name": job["name"],
@@ -143,24 +143,7 @@ def run(job: dict) -> dict:
         "generation_s": generation_s,
         "counters_at_start": before,
         "counters": counter_delta(after, before),
-        # a hybrid drafter's per-source counts over the timed generation (its stats file, differenced likewise)
-        "hybrid_sources": {
-            role: {key: v - hybrid_base.get(role, {}).get(key, 0) for key, v in c.items()}
-            for role, c in hybrid_after["sources"].items()
-        }
-        if hybrid_after
-        else None,
-        # the wall time of its drafting parts (head chain, suffix, prompt lookup, the choice itself) and the
-        # steps on which the head's chain was skipped (no head draft could have been chosen)
-        "hybrid_seconds": {
-            part: round(v - (hybrid_before or {}).get("seconds", {}).get(part, 0.0), 3)
-            for part, v in hybrid_after.get("seconds", {}).items()
-        }
-        if hybrid_after
-        else None,
-        "hybrid_head_skipped": hybrid_after.get("head_skipped", 0) - (hybrid_before or {}).get("head_skipped", 0)
-        if hybrid_after
-        else None,
+        **_hybrid_delta(hybrid_before, hybrid_after),
         "prompt_tokens": sum(map(len, job["prompt_token_ids"])),
         "generated_tokens": sum(map(len, outputs)),
         "output_token_ids": outputs,
@@ -177,6 +160,26 @@ def run(job: dict) -> dict:
                 "LD_PRELOAD",
             )
         },
+    }
+
+
+def _hybrid_delta(before: dict | None, after: dict | None) -> dict:
+    """A hybrid drafter's stats over the timed generation (its stats file after - before, like the counters):
+    per-source counts, the wall time of its drafting parts (head chain, suffix, prompt lookup, the choice) and the
+    steps whose head chain was skipped (no head draft could have been chosen). None each without a hybrid."""
+    if not after:
+        return dict.fromkeys(HYBRID_KEYS)
+    before = before or {}
+    base = before.get("sources", {})
+    return {
+        "hybrid_sources": {
+            role: {key: v - base.get(role, {}).get(key, 0) for key, v in c.items()}
+            for role, c in after["sources"].items()
+        },
+        "hybrid_seconds": {
+            part: round(v - before.get("seconds", {}).get(part, 0.0), 3) for part, v in after["seconds"].items()
+        },
+        "hybrid_head_skipped": after["head_skipped"] - before.get("head_skipped", 0),
     }
 
 

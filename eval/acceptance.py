@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from draftsmith.eval.prompts import load_prompts, render_prompts
-from draftsmith.vllm_runner import EVENT
+from draftsmith.vllm_runner import EVENT, HYBRID_KEYS
 
 BASELINES = ("none", "ngram", "suffix")
 ENGINE_DEFAULTS = {
@@ -385,7 +385,7 @@ def run_acceptance(
     for name, head in hybrid_of.items():  # what the policy chose per step, counted in the engine
         rows[name]["head_dir"] = str(Path(heads[head]).resolve())
         if rows[name]["status"] == "ok":  # over the timed generation, as the counters
-            for key in ("hybrid_sources", "hybrid_seconds", "hybrid_head_skipped"):
+            for key in HYBRID_KEYS:
                 rows[name][key] = children[name].get(key)
     ref_speed = rows.get("none", {}).get("output_tokens_per_s")
     for row in rows.values():

@@ -31,6 +31,7 @@ from draftsmith.eval.reference_decoder import (
     load_drafter,
     load_head_drafter,
 )
+from draftsmith.vllm_runner import HYBRID_KEYS
 
 KEYS = (
     "mean_acceptance_length",
@@ -257,7 +258,7 @@ def run_matrix(
                             "dir": str(cell_dir),
                         }
                         if row.get("hybrid_sources"):
-                            for key in ("hybrid_sources", "hybrid_seconds", "hybrid_head_skipped"):
+                            for key in HYBRID_KEYS:
                                 cell[key] = row.get(key)
                         if reused:
                             cell["reused_from"] = f"{cell_dir / 'acceptance.json'} ({r.get('created')})"

@@ -1,0 +1,120 @@
+"""Regeneration throughput: the target re-answering first turns with vLLM, engines x threads, on the same prompts.
+
+    python bench/regenerate.py --out bench/results/regen --num-conversations 192 --configs 1x1,1x2,2x1 --batch-size 64
+
+Each config `ExT` runs `draftsmith regenerate` with E engines of T OpenMP threads each, one after the other (so
+they never share the cores), on the same first turns, greedy, into a fresh file. Reports new tokens per second of
+the whole call (engine start-up included, as a user pays it), the ratio to the first config, and how many answers
+equal the first config's token for token. Writes bench.json and bench.md under --out; not a test: figures depend on
+the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--target", default="smollm2")
+    ap.add_argument("--data", default="sharegpt")
+    ap.add_argument("--num-conversations", type=int, default=192)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--configs", default="1x1,1x2,2x1", help="comma-separated ENGINESxTHREADS")
+    a = ap.parse_args(argv)
+    from draftsmith.atomic import atomic_write_json
+    from draftsmith.train.data.regenerate import regenerate
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, answers = [], {}
+    with tempfile.TemporaryDirectory(prefix="bench-regen-") as tmp:
+        for config in a.configs.split(","):
+            engines, threads = (int(x) for x in config.split("x"))
+            path = Path(tmp) / f"{config}.jsonl"
+            t0 = time.perf_counter()
+            stats = regenerate(
+                a.target,
+                a.data,
+                str(path),
+                a.num_conversations,
+                a.max_tokens,
+                batch_size=a.batch_size,
+                backend="vllm",
+                threads=threads,
+                engines=engines,
+            )
+            wall = time.perf_counter() - t0
+            recs = {r["id"]: r["messages"][-1]["content"] for r in map(json.loads, path.read_text().splitlines())}
+            answers[config] = recs
+            first = answers[a.configs.split(",")[0]]
+            rows.append(
+                {
+                    "config": config,
+                    "engines": engines,
+                    "threads": threads,
+                    "answers": len(recs),
+                    "new_tokens": stats["new_tokens"],
+                    "seconds": round(wall, 1),
+                    "tok_per_s": round(stats["new_tokens"] / wall, 1),
+                    "same_as_first": sum(recs[k] == first.get(k) for k in recs),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    base = rows[0]["tok_per_s"]
+    for r in rows:
+        r["vs_first"] = round(r["tok_per_s"] / base, 2)
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "target": a.target,
+        "data": a.data,
+        "num_conversations": a.num_conversations,
+        "max_tokens": a.max_tokens,
+        "batch_size": a.batch_size,
+    }
+    atomic_write_json(out / "bench.json", {"meta": meta, "rows": rows})
+    lines = [
+        f"# Regeneration throughput ({meta['date']}, {meta['cpu']}, {meta['cores']} cores)",
+        "",
+        f"{rows[0]['answers']} first turns of {a.data} re-answered by {a.target}, greedy, <= {a.max_tokens} tokens, "
+        f"{a.batch_size} prompts per engine batch; wall time of the whole call (engine start-up included).",
+        "",
+        "| engines x threads | answers | new tokens | seconds | tok/s | vs first | answers equal to first |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['engines']} x {r['threads']} | {r['answers']} | {r['new_tokens']:,} | {r['seconds']} | "
+            f"{r['tok_per_s']} | {r['vs_first']:.2f}x | {r['same_as_first']} / {r['answers']} |"
+        )
+    (out / "bench.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,10 @@
-"""Regeneration throughput: the target re-answering first turns with vLLM, engines x threads, on the same prompts.
+"""Regeneration throughput: the target re-answering first turns with vLLM, threads x batch size, on the same prompts.
 
-    python bench/regenerate.py --out bench/results/regen --num-conversations 192 --configs 1x1,1x2,2x1 --batch-size 64
+    python bench/regenerate.py --out bench/results/regen --num-conversations 192 --configs 1:32,1:64,2:64,2:128
 
-Each config `ExT` runs `draftsmith regenerate` with E engines of T OpenMP threads each, one after the other (so
-they never share the cores), on the same first turns, greedy, into a fresh file. Reports new tokens per second of
+Each config `T:B` runs `draftsmith regenerate` with one engine of T OpenMP threads and B prompts per generate()
+call, one config after the other (so they never share the cores), on the same first turns, greedy, into a fresh
+file. Reports new tokens per second of
 the whole call (engine start-up included, as a user pays it), the ratio to the first config, and how many answers
 equal the first config's token for token. Writes bench.json and bench.md under --out; not a test: figures depend on
 the machine.
@@ -40,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="sharegpt")
     ap.add_argument("--num-conversations", type=int, default=192)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--configs", default="1x1,1x2,2x1", help="comma-separated ENGINESxTHREADS")
+    ap.add_argument("--configs", default="1:32,1:64,2:64,2:128", help="comma-separated THREADS:BATCH_SIZE")
     a = ap.parse_args(argv)
     from draftsmith.atomic import atomic_write_json
     from draftsmith.train.data.regenerate import regenerate
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, answers = [], {}
     with tempfile.TemporaryDirectory(prefix="bench-regen-") as tmp:
         for config in a.configs.split(","):
-            engines, threads = (int(x) for x in config.split("x"))
+            threads, batch = (int(x) for x in config.split(":"))
             path = Path(tmp) / f"{config}.jsonl"
             t0 = time.perf_counter()
             stats = regenerate(
@@ -60,10 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                 str(path),
                 a.num_conversations,
                 a.max_tokens,
-                batch_size=a.batch_size,
+                batch_size=batch,
                 backend="vllm",
                 threads=threads,
-                engines=engines,
             )
             wall = time.perf_counter() - t0
             recs = {r["id"]: r["messages"][-1]["content"] for r in map(json.loads, path.read_text().splitlines())}
@@ -72,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 {
                     "config": config,
-                    "engines": engines,
                     "threads": threads,
+                    "batch_size": batch,
                     "answers": len(recs),
                     "new_tokens": stats["new_tokens"],
                     "seconds": round(wall, 1),
@@ -94,21 +93,20 @@ def main(argv: list[str] | None = None) -> int:
         "data": a.data,
         "num_conversations": a.num_conversations,
         "max_tokens": a.max_tokens,
-        "batch_size": a.batch_size,
     }
     atomic_write_json(out / "bench.json", {"meta": meta, "rows": rows})
     lines = [
         f"# Regeneration throughput ({meta['date']}, {meta['cpu']}, {meta['cores']} cores)",
         "",
-        f"{rows[0]['answers']} first turns of {a.data} re-answered by {a.target}, greedy, <= {a.max_tokens} tokens, "
-        f"{a.batch_size} prompts per engine batch; wall time of the whole call (engine start-up included).",
+        f"{rows[0]['answers']} first turns of {a.data} re-answered by {a.target} in one vLLM engine, greedy, "
+        f"<= {a.max_tokens} tokens; wall time of the whole call (engine start-up included).",
         "",
-        "| engines x threads | answers | new tokens | seconds | tok/s | vs first | answers equal to first |",
-        "|---|---|---|---|---|---|---|",
+        "| threads | prompts per call | answers | new tokens | seconds | tok/s | vs first | answers equal to first |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['engines']} x {r['threads']} | {r['answers']} | {r['new_tokens']:,} | {r['seconds']} | "
+            f"| {r['threads']} | {r['batch_size']} | {r['answers']} | {r['new_tokens']:,} | {r['seconds']} | "
             f"{r['tok_per_s']} | {r['vs_first']:.2f}x | {r['same_as_first']} / {r['answers']} |"
         )
     (out / "bench.md").write_text("\n".join(lines) + "\n")

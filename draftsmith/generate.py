@@ -6,11 +6,8 @@
 
 `generate` returns one list of new token ids per prompt (ending with the eos token when the target
 stopped). vLLM runs in its own process (`draftsmith.vllm_runner`, no speculation), so an engine
-never shares memory or OpenMP threads with a training process. On a CPU machine several engines run
-side by side (`engines`, default: one per `threads` cores, at most 4), each on an interleaved share of
-the prompts: one engine with one thread leaves the second core of a 2-core machine idle.
-`cached_generate` stores the result under a key of (target weights, prompts, settings) and writes it
-atomically: a resumed run reads it back.
+never shares memory or OpenMP threads with a training process. `cached_generate` stores the result
+under a key of (target weights, prompts, settings) and writes it atomically: a resumed run reads it back.
 """
 
 from __future__ import annotations
@@ -18,11 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import queue
 import subprocess
 import sys
 import tempfile
-import threading
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -48,23 +43,11 @@ def _check(prompt_token_ids, max_tokens: int) -> list[list[int]]:
     return prompts
 
 
-def resolve_engines(engines: int | str | None, threads: int) -> int:
-    """How many vLLM engines generate side by side: an int as given, or `auto` (None): on a CPU-only machine one
-    per `threads` cores (at most 4, each engine holds its own weights and KV cache), with a GPU one."""
-    if engines not in (None, "auto"):
-        n = int(engines)
-        if n < 1:
-            raise ValueError(f"engines must be >= 1 or auto, got {engines!r}")
-        return n
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return 1
-    except ImportError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(4, cores // max(1, threads)))
+def default_threads() -> int:
+    """OpenMP threads for a batched generation engine: every core this process may use. Batched decoding scales
+    with threads (measured: 1.71x on 2 cores, bench/regenerate.py); only batch-1 speculative decoding, whose engine
+    loop the second thread fights, wants one (draftsmith eval sets its own)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def iter_vllm(
@@ -74,90 +57,17 @@ def iter_vllm(
     temperature: float,
     seed: int,
     batch_size: int = 64,
-    threads: int = 1,
+    threads: int | None = None,
     kv_cache_gib: int = 2,
     log_path: str | None = None,
-    engines: int | str | None = "auto",
 ):
-    """Batched generation in vLLM child processes (no speculation).
+    """Batched generation in a vLLM child process (no speculation).
 
-    Yields (indices, token_ids, finish_reasons) as each batch of up to `batch_size` prompts finishes, `indices`
-    naming the prompts, so a caller can save work as it lands (draftsmith regenerate resumes from there). With
-    `engines` > 1 (default: `resolve_engines`), engine j generates prompts j, j + engines, ... and the batches
-    arrive in the order they finish. Greedy answers do not depend on the number of engines beyond what batch
-    composition does to floating point (a near-tie token may differ, as with another batch size).
+    Yields (start, token_ids, finish_reasons) as each batch of `batch_size` prompts finishes, so a caller
+    can save work as it lands (draftsmith regenerate resumes from there). `threads`: OpenMP threads of the
+    engine (None: `default_threads()`, every core).
     """
-    n = min(resolve_engines(engines, threads), len(prompts))
-    if n <= 1:
-        for start, outs, finish in _iter_engine(
-            target_path, prompts, max_tokens, temperature, seed, batch_size, threads, kv_cache_gib, log_path
-        ):
-            yield list(range(start, start + len(outs))), outs, finish
-        return
-    shares = [list(range(j, len(prompts), n)) for j in range(n)]
-    events: queue.Queue = queue.Queue()
-    procs: list[subprocess.Popen] = []
-    stopping = threading.Event()
-
-    def started(proc: subprocess.Popen) -> None:
-        procs.append(proc)
-        if stopping.is_set():  # the consumer gave up before this engine started
-            proc.kill()
-
-    def work(j: int) -> None:
-        try:
-            for start, outs, finish in _iter_engine(
-                target_path,
-                [prompts[i] for i in shares[j]],
-                max_tokens,
-                temperature,
-                seed,
-                batch_size,
-                threads,
-                kv_cache_gib,
-                f"{log_path}.{j}" if log_path else None,
-                on_start=started,
-            ):
-                events.put((j, [shares[j][start + i] for i in range(len(outs))], outs, finish))
-            events.put((j, None, None, None))
-        except BaseException as e:  # reported by the consuming thread
-            events.put((j, e, None, None))
-
-    workers = [threading.Thread(target=work, args=(j,), daemon=True, name=f"vllm-engine-{j}") for j in range(n)]
-    for w in workers:
-        w.start()
-    running = n
-    try:
-        while running:
-            j, indices, outs, finish = events.get()
-            if indices is None:
-                running -= 1
-            elif isinstance(indices, BaseException):
-                raise RuntimeError(f"vLLM engine {j + 1} of {n} failed: {indices}") from indices
-            else:
-                yield indices, outs, finish
-    finally:  # an error, Ctrl-C or a consumer that stopped early: no engine outlives us
-        stopping.set()
-        for proc in list(procs):
-            if proc.poll() is None:
-                proc.kill()
-        for w in workers:
-            w.join(timeout=30)
-
-
-def _iter_engine(
-    target_path: str,
-    prompts: list[list[int]],
-    max_tokens: int,
-    temperature: float,
-    seed: int,
-    batch_size: int,
-    threads: int,
-    kv_cache_gib: int,
-    log_path: str | None,
-    on_start=None,
-):
-    """One vLLM child process generating `prompts`: yields (start, token_ids, finish_reasons) per finished batch."""
+    threads = threads or default_threads()
     from transformers import AutoConfig
 
     from draftsmith.vllm_runner import EVENT
@@ -189,8 +99,6 @@ def _iter_engine(
         log = Path(log_path) if log_path else Path(tmp) / "log"
         cmd = [sys.executable, "-m", "draftsmith.vllm_runner", str(job_path), str(result_path)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
-        if on_start is not None:
-            on_start(proc)
         try:
             with open(log, "w", encoding="utf-8") as f:
                 for line in proc.stdout:
@@ -211,7 +119,7 @@ def _iter_engine(
 def iter_hf(
     target_path: str, prompts: list[list[int]], max_tokens: int, temperature: float, seed: int, batch_size: int = 16
 ):
-    """The same with the HF target (one process): left-padded batches, cut after the first eos."""
+    """The same with the HF target: left-padded batches, cut after the first eos."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -243,7 +151,7 @@ def iter_hf(
             cut = next((i for i, t in enumerate(row) if t in eos), None)
             outs.append(row if cut is None else row[: cut + 1])
             finish.append("length" if cut is None else "stop")
-        yield list(range(start, start + len(chunk))), outs, finish
+        yield start, outs, finish
 
 
 def iter_generate(
@@ -255,8 +163,7 @@ def iter_generate(
     backend: str = "auto",
     **kw,
 ):
-    """`generate`, batch by batch: yields (indices, token_ids, finish_reasons) as each batch finishes (`indices`:
-    the prompts' positions; with several vLLM engines, batches arrive in the order they finish)."""
+    """`generate`, batch by batch: yields (start, token_ids, finish_reasons) as each batch finishes."""
     from draftsmith.assets import resolve_target
 
     prompts = _check(prompt_token_ids, max_tokens)
@@ -283,13 +190,13 @@ def generate(
     Args:
         target_path: HF dir or hub id, or `smollm2` (the embedded default).
         backend: auto (vLLM when installed, else HF) | vllm | hf. Extra keywords go to the backend
-            (vllm: batch_size, threads, kv_cache_gib, log_path, engines; hf: batch_size).
+            (vllm: batch_size, threads, kv_cache_gib, log_path; hf: batch_size).
     """
-    result: list[list[int] | None] = [None] * len(prompt_token_ids)
-    for indices, outs, _ in iter_generate(target_path, prompt_token_ids, max_tokens, temperature, seed, backend, **kw):
-        for i, ids in zip(indices, outs):
-            result[i] = ids
-    return result
+    return [
+        ids
+        for _, outs, _ in iter_generate(target_path, prompt_token_ids, max_tokens, temperature, seed, backend, **kw)
+        for ids in outs
+    ]
 
 
 def target_fingerprint(target_path: str) -> dict:

@@ -187,14 +187,13 @@ def regenerated_path(data_cfg, target_path: str) -> str:
     view = pool.with_name(pool.stem + (f".first{n}" if n is not None else ".all") + ".jsonl")
     if (view.parent / (view.name + ".complete")).is_file():
         return str(view)
-    wanted = regenerate(
-        str(target_path), source, str(pool), n, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed
-    )["ids"]
-    order = {cid: i for i, cid in enumerate(wanted)}
-    with open(pool, "rb") as f:  # several engines append in the order they finish: the view is in source order
-        lines = sorted(
-            (line for line in f if json.loads(line)["id"] in order), key=lambda x: order[json.loads(x)["id"]]
-        )
+    wanted = set(
+        regenerate(
+            str(target_path), source, str(pool), n, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed
+        )["ids"]
+    )
+    with open(pool, "rb") as f:
+        lines = [line for line in f if json.loads(line)["id"] in wanted]
     atomic_write(view, b"".join(lines))
     (view.parent / (view.name + ".complete")).touch()
     return str(view)

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from draftsmith.atomic import atomic_write
 from draftsmith.errors import ConfigError
-from draftsmith.generate import iter_generate, resolve_backend, resolve_engines
+from draftsmith.generate import default_threads, iter_generate, resolve_backend
 from draftsmith.train.data.conversations import read_conversations
 from draftsmith.train.data.render import render_prompt
 
@@ -82,15 +82,14 @@ def regenerate(
     max_prompt_tokens: int = 1024,
     batch_size: int = 64,
     backend: str = "auto",
-    threads: int = 1,
+    threads: int | None = None,
     kv_cache_gib: int = 2,
-    engines: int | str | None = "auto",
 ) -> dict:
     """Write (or finish writing) `out`; returns counts, generation speed and the ids of the prompts asked for.
 
-    With vLLM, `engines` engines of `threads` OpenMP threads each answer interleaved shares of the prompts side
-    by side (`auto`: one per `threads` cores on a CPU machine, see draftsmith.generate.resolve_engines); their
-    batches are appended as they finish, so the file's order is not the source's (readers go by id)."""
+    With vLLM, one engine with `threads` OpenMP threads (None: every core) answers `batch_size` prompts per call:
+    on 2 cores, 2 threads ran 1.71x one thread, and two one-thread engines side by side no faster than that
+    (bench/regenerate.py, README "Data preparation on every core")."""
     from transformers import AutoTokenizer
 
     from draftsmith.assets import resolve_target
@@ -129,20 +128,13 @@ def regenerate(
         flush=True,
     )
     new_tokens, t0 = 0, time.perf_counter()
-    engines = resolve_engines(engines, threads) if backend == "vllm" else 1
     if todo:
+        threads = threads or default_threads()
         kw = (
-            {
-                "threads": threads,
-                "kv_cache_gib": kv_cache_gib,
-                "log_path": str(out_path) + ".log",
-                "engines": engines,
-            }
+            {"threads": threads, "kv_cache_gib": kv_cache_gib, "log_path": str(out_path) + ".log"}
             if backend == "vllm"
             else {}
         )
-        if engines > 1:
-            print(f"regenerate: {engines} vLLM engines side by side, {threads} thread(s) each", flush=True)
         batches = iter_generate(
             target_path,
             [p["prompt_ids"] for p in todo],
@@ -154,9 +146,9 @@ def regenerate(
             **kw,
         )
         bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True)
-        for indices, token_ids, finish in batches:
+        for start, token_ids, finish in batches:
             records = []
-            for p, ids, why in zip([todo[i] for i in indices], token_ids, finish):
+            for p, ids, why in zip(todo[start : start + len(token_ids)], token_ids, finish):
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
                 records.append(
                     {
@@ -181,8 +173,8 @@ def regenerate(
         "seconds": seconds,
         "tokens_per_s": new_tokens / seconds if todo else None,
         "backend": backend,
-        "engines": engines,
-        "threads": threads,
+        "threads": threads if backend == "vllm" else None,
+        "batch_size": batch_size,
         "out": str(out_path),
         "ids": [p["id"] for p in prompts],
     }
@@ -204,17 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (what greedy serving sees)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-prompt-tokens", type=int, default=1024)
-    ap.add_argument(
-        "--batch-size", type=int, default=64, help="prompts per generate() call of an engine (and per saved chunk)"
-    )
+    ap.add_argument("--batch-size", type=int, default=64, help="prompts per generate() call (and per saved chunk)")
     ap.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"])
-    ap.add_argument("--threads", type=int, default=1, help="OMP threads of each vLLM engine")
-    ap.add_argument(
-        "--engines",
-        default="auto",
-        help="vLLM engines side by side, each on an interleaved share of the prompts (auto: one per --threads "
-        "cores on a CPU machine, at most 4)",
-    )
+    ap.add_argument("--threads", type=int, default=None, help="OMP threads of the vLLM engine (default: every core)")
     a = ap.parse_args(argv)
     regenerate(
         a.target,
@@ -228,7 +212,6 @@ def main(argv: list[str] | None = None) -> int:
         a.batch_size,
         a.backend,
         a.threads,
-        engines=a.engines,
     )
     return 0
 

@@ -77,6 +77,7 @@ class _Hybrid:
         self.stats_path = settings.get("stats")
         cfg = runner.vllm_config.speculative_config
         self.k = cfg.num_speculative_tokens
+        self.depth = min(self.k, self.policy.depth)  # the head's passes when its chain runs
         self.ngram = (cfg.prompt_lookup_min or 2, cfg.prompt_lookup_max or 5)
         self.suffix = SuffixDecodingProposer(runner.vllm_config) if "suffix" in self.policy.members else None
         self.scores: dict[str, float] = {}
@@ -167,8 +168,8 @@ class _Hybrid:
             if props is None:  # a partial prefill: nothing to draft from
                 out.append([])
                 continue
-            probs = [p[i] for p in self.head_probs[: self.k] if i < len(p)]
-            head = heads[i][: self.k] if i < len(heads) else []
+            probs = [p[i] for p in self.head_probs[: self.depth] if i < len(p)]
+            head = heads[i][: self.depth] if i < len(heads) else []
             props = {"head": Proposal(head, signal=chain_score(probs)), **props}
             role = self.force or self.policy.choose(props)
             draft = props[role].tokens
@@ -218,6 +219,8 @@ def install() -> None:
             # in step with the target's), but it drafts nothing
             hybrid.skipped += 1
             scheduler_output.num_spec_tokens_to_schedule = 0
+        elif hybrid.depth < depth:  # the same path: the head's chain stops after the policy's depth
+            scheduler_output.num_spec_tokens_to_schedule = hybrid.depth
         t = time.perf_counter()
         try:
             drafts = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)

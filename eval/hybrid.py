@@ -69,6 +69,13 @@ class HybridPolicy:
     k: int
     members: dict[str, Calibration]  # role -> calibration
     fitted_on: dict = field(default_factory=dict)  # source, conversations, positions, prompt keys, figures
+    # tokens the head drafts when it runs (its chain's passes); suffix and ngram still draft up to k. None = k.
+    # The head's later positions are accepted rarely yet each costs a pass of its layer and draft LM head.
+    head_depth: int | None = None
+
+    @property
+    def depth(self) -> int:
+        return min(self.k, self.head_depth or self.k)
 
     def expected(self, role: str, proposal: Proposal) -> float:
         """The tokens the calibration expects to be accepted of this draft (an empty draft: -1, never chosen)."""
@@ -101,7 +108,15 @@ class HybridPolicy:
         for r, c in members.items():
             if not (len(c.accepted) == len(c.counts) == len(c.edges) + 1):
                 raise ValueError(f"{source}: member {r}: {len(c.edges)} edges for {len(c.accepted)} bins")
-        return cls(k=int(data["k"]), members=members, fitted_on=data.get("fitted_on", {}))
+        depth = data.get("head_depth")
+        if depth is not None and not 1 <= int(depth) <= int(data["k"]):
+            raise ValueError(f"{source}: head_depth {depth} outside 1..k={data['k']}")
+        return cls(
+            k=int(data["k"]),
+            members=members,
+            fitted_on=data.get("fitted_on", {}),
+            head_depth=None if depth is None else int(depth),
+        )
 
     def save(self, head_dir: str | Path) -> Path:
         path = Path(head_dir) / POLICY_FILE
@@ -197,7 +212,10 @@ class HybridDrafter(Drafter):
             d.observe(start, next_tokens, feats)
 
     def propose(self, tokens, k, temperature, generator):
-        proposals = {r: d.propose(tokens, k, temperature, generator) for r, d in self.members.items()}
+        depth = min(k, self.policy.depth)  # the head's chain stops there; suffix and ngram draft up to k
+        proposals = {
+            r: d.propose(tokens, depth if r == "head" else k, temperature, generator) for r, d in self.members.items()
+        }
         role = self.policy.choose(proposals)
         p = proposals[role]
         draft = p.tokens[:k]
@@ -255,6 +273,8 @@ def record_positions(
                 p = d.propose(tokens, k, 0.0, None)
                 draft = p.tokens[:k]
                 rec[role] = {"n": len(draft), "signal": p.signal or 0.0, "accepted": _matched(draft, ahead)}
+                if p.confidences is not None:  # lets fit_policy calibrate the head at any shorter depth
+                    rec[role]["p"] = [round(float(x), 6) for x in p.confidences[:k]]
             recs.append(rec)
             for d in members.values():
                 d.observe(n_p + j, [answer[j + 1]], _slice(f, n_p + j, n_p + j + 1))
@@ -281,15 +301,41 @@ def simulate(records: list[list[dict]], choose) -> dict:
     return {"tokens_per_step": tokens / steps if steps else None, "steps": steps, "chosen": chosen}
 
 
-def fit_policy(records: list[list[dict]], k: int, bins: int = 16) -> tuple[HybridPolicy, dict]:
+def at_depth(records: list[list[dict]], depth: int) -> list[list[dict]]:
+    """The records as if the head's chain stopped after `depth` tokens: its first `depth` greedy tokens are the
+    same whatever the chain's length, so its draft, accepted count and signal (the chain score of its first
+    `depth` confidences) follow from the full chain's record."""
+    from draftsmith.eval.reference_decoder import chain_score
+
+    out = []
+    for recs in records:
+        cut = []
+        for rec in recs:
+            h = rec.get("head")
+            if h is not None and h["n"] > depth:
+                if "p" not in h:
+                    raise ValueError("records without the head's per-token confidences cannot be cut to a depth")
+                h = {**h, "n": depth, "accepted": min(h["accepted"], depth), "p": h["p"][:depth]}
+                h["signal"] = chain_score(h["p"])
+                rec = {**rec, "head": h}
+            cut.append(rec)
+        out.append(cut)
+    return out
+
+
+def fit_policy(
+    records: list[list[dict]], k: int, bins: int = 16, head_depth: int | None = None
+) -> tuple[HybridPolicy, dict]:
     """The policy from per-position records, and the simulated tokens per step on them: each member alone, the
-    policy, the oracle."""
+    policy, the oracle. With `head_depth` < k the head is calibrated and simulated drafting that many tokens."""
+    if head_depth is not None and head_depth < k:
+        records = at_depth(records, head_depth)
     roles = list(records[0][0]) if records and records[0] else []
     members = {}
     for r in roles:
         pts = [(rec[r]["signal"], rec[r]["accepted"]) for recs in records for rec in recs if rec[r]["n"]]
         members[r] = calibrate([s for s, _ in pts], [a for _, a in pts], bins)
-    policy = HybridPolicy(k=k, members=members)
+    policy = HybridPolicy(k=k, members=members, head_depth=head_depth if head_depth and head_depth < k else None)
 
     def as_proposals(rec):
         return {r: Proposal([0] * rec[r]["n"], signal=rec[r]["signal"]) for r in rec}
@@ -314,9 +360,15 @@ def fit_hybrid(
     skip: int = 0,
     backend: str = "auto",
     exclude: str | Path | None = None,
+    head_depth: int | None = None,
+    records_path: str | Path | None = None,
     log=print,
 ) -> tuple[HybridPolicy, Path]:
-    """Fit the hybrid policy of the exported head at head_dir on `data`'s first turns; write head_dir/hybrid.json."""
+    """Fit the hybrid policy of the exported head at head_dir on `data`'s first turns; write head_dir/hybrid.json.
+
+    `records_path`: the per-position records are saved there (atomically) and read back by a later fit with the
+    same head weights, first turns, answers, k and members, so a refit (another head depth, other bins) runs no
+    forward pass."""
     from transformers import AutoTokenizer
 
     from draftsmith.assets import cache_dir, resolve_target
@@ -330,6 +382,8 @@ def fit_hybrid(
         raise ValueError(f"members {list(roles)}: the head and at least one of ngram, suffix")
     if num_conversations < 1 or k < 1 or max_tokens < 2:
         raise ValueError("--num-conversations and --k must be >= 1, --max-tokens >= 2")
+    if head_depth is not None and not 1 <= head_depth <= k:
+        raise ValueError(f"--head-depth {head_depth}: between 1 and --k {k}")
     target = resolve_target(str(target))
     head_dir = Path(head_dir)
     check_head_for_target(head_dir, target)  # an exported head, a checkpoint or a run dir, made for this target
@@ -351,16 +405,39 @@ def fit_hybrid(
     answers = cached_generate(target, prompts, max_tokens, 0.0, 0, cache_dir=cache_dir() / "generated", backend=backend)
     convs = [(p, a) for p, a in zip(prompts, answers) if len(a) >= 2]
 
-    tgt = Target.from_pretrained(target, aux_layer_ids=read_head(head_dir)[1].get("aux_layer_ids") or [0])
-    head = load_head_drafter("head", head_dir, tgt)[0]
-    members = hybrid_members(head, roles)
+    identity = {
+        "format": "draftsmith-hybrid-records-1",
+        "head": _weights_digest(head_dir),
+        "conversations": hashlib.sha1(json.dumps(convs).encode()).hexdigest(),
+        "k": k,
+        "roles": list(roles),
+    }
+    records = None
+    if records_path and Path(records_path).is_file():
+        try:
+            saved = json.loads(Path(records_path).read_text())
+        except ValueError:
+            saved = {}
+        if saved.get("identity") == identity:
+            records = saved["records"]
+            log(f"fit-hybrid: per-position records read back from {records_path} (no forward pass)")
+        else:
+            log(f"fit-hybrid: {records_path} holds records of another head, data or k: recording anew")
+    if records is None:
+        tgt = Target.from_pretrained(target, aux_layer_ids=read_head(head_dir)[1].get("aux_layer_ids") or [0])
+        head = load_head_drafter("head", head_dir, tgt)[0]
+        members = hybrid_members(head, roles)
 
-    def progress(i, n):
-        if i == n or i % max(1, n // 8) == 0:
-            log(f"fit-hybrid: recorded {i}/{n} conversations")
+        def progress(i, n):
+            if i == n or i % max(1, n // 8) == 0:
+                log(f"fit-hybrid: recorded {i}/{n} conversations")
 
-    records = record_positions(tgt, members, convs, k, progress)
-    policy, figures = fit_policy(records, k, bins)
+        records = record_positions(tgt, members, convs, k, progress)
+        if records_path:
+            atomic_write_json(Path(records_path), {"identity": identity, "records": records}, indent=None)
+            log(f"fit-hybrid: per-position records saved to {records_path}")
+    policy, figures = fit_policy(records, k, bins, head_depth)
+    by_depth = {str(d): fit_policy(records, k, bins, d)[1]["policy"]["tokens_per_step"] for d in range(1, k + 1)}
     policy.fitted_on = {
         "data": str(data),
         "skip": skip,
@@ -370,6 +447,7 @@ def fit_hybrid(
         "max_tokens": max_tokens,
         "tokens_per_step": {name: f["tokens_per_step"] for name, f in figures.items()},
         "policy_chosen": figures["policy"]["chosen"],
+        "policy_tokens_per_step_by_head_depth": by_depth,
         "prompt_keys": sorted(prompt_key(p) for p in prompts),
     }
     path = policy.save(head_dir)
@@ -378,8 +456,23 @@ def fit_hybrid(
         "fit-hybrid: tokens per target step on the training conversations: "
         + ", ".join(f"{n} {v:.2f}" for n, v in tps.items() if v is not None and not math.isnan(v))
     )
-    log(f"fit-hybrid: wrote {path}")
+    log(
+        "fit-hybrid: the policy's tokens per target step by head depth (the head's passes per step; deeper costs "
+        "more head time): " + ", ".join(f"{d}: {v:.3f}" for d, v in by_depth.items() if v is not None)
+    )
+    log(f"fit-hybrid: wrote {path} (head depth {policy.depth})")
     return policy, path
+
+
+def _weights_digest(head_dir: Path) -> str:
+    """sha1 of the head's weight files (an exported dir, a checkpoint or a run dir: whatever holds them)."""
+    h = hashlib.sha1()
+    for f in sorted(Path(head_dir).rglob("*.safetensors")):
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def main(argv: list[str]) -> int:
@@ -396,11 +489,22 @@ def main(argv: list[str]) -> int:
     p.add_argument("--members", default="head,ngram,suffix", help="comma-separated roles (default all three)")
     p.add_argument("--bins", type=int, default=16, help="signal bins per member (default 16)")
     p.add_argument(
+        "--head-depth",
+        type=int,
+        default=None,
+        help="tokens the head drafts when it runs (default --k); suffix and ngram still draft up to --k",
+    )
+    p.add_argument(
         "--exclude",
         default=None,
         help="a prompts JSONL (e.g. a run's heldout_prompts.jsonl) whose first turns are skipped",
     )
     p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"], help="who writes the answers")
+    p.add_argument(
+        "--records",
+        default=None,
+        help="save the per-position records here; a later fit of the same head, data and k reads them back",
+    )
     args = p.parse_args(argv)
     fit_hybrid(
         args.target,
@@ -414,5 +518,7 @@ def main(argv: list[str]) -> int:
         skip=args.skip,
         backend=args.backend,
         exclude=args.exclude,
+        head_depth=args.head_depth,
+        records_path=args.records,
     )
     return 0

@@ -43,6 +43,8 @@ class Proposal:
     # expected accepted tokens under their own model (sum of the running products of the drafted tokens'
     # probabilities), ngram's matched n-gram length; 0 for an empty draft, None when the drafter has none
     signal: float | None = None
+    # a head's own probability of each token it drafted (signal = chain_score of them); None for the others
+    confidences: list[float] | None = None
 
 
 def chain_score(token_probs: list[float]) -> float:
@@ -193,7 +195,9 @@ class Eagle3Drafter(HeadDrafter):
             out.append(tok)
             probs.append(q)
             own.append(p)
-        return Proposal(out, None if not probs or probs[0] is None else torch.stack(probs), chain_score(own))
+        return Proposal(
+            out, None if not probs or probs[0] is None else torch.stack(probs), chain_score(own), confidences=own
+        )
 
 
 class MLPSpeculatorDrafter(HeadDrafter):
@@ -232,7 +236,9 @@ class MLPSpeculatorDrafter(HeadDrafter):
             probs.append(q)
             own.append(float(torch.softmax(logits.float(), dim=-1)[tok]))
             token = torch.tensor([tok])
-        return Proposal(out, None if not probs or probs[0] is None else torch.stack(probs), chain_score(own))
+        return Proposal(
+            out, None if not probs or probs[0] is None else torch.stack(probs), chain_score(own), confidences=own
+        )
 
 
 class OracleDrafter(Drafter):

@@ -29,6 +29,7 @@ from draftsmith.eval.hybrid import (
     HybridDrafter,
     HybridPolicy,
     _monotone,
+    at_depth,
     calibrate,
     fit_policy,
     prompt_key,
@@ -183,6 +184,49 @@ def test_records_reproduce_real_decoding_and_the_fitted_hybrid_decodes_as_simula
     assert len([v for v in given.values() if v]) >= 2  # the policy really mixed members on this target
 
 
+def test_a_shorter_head_chain_is_exact_from_the_full_records_and_decodes_as_simulated(tiny128):
+    """Records at k=3 cut to head depth d equal records made with the head drafting d tokens (its first d greedy
+    tokens do not depend on the chain's length); a policy fitted at depth 1 drafts one head token per step in the
+    reference decoder (suffix and ngram still up to k), takes the simulated steps and keeps greedy output."""
+    model = tiny128.model
+    n = 24
+    answers = [plain_greedy(model, p, n) for p in PROMPTS]
+    convs = list(zip(PROMPTS, answers))
+    full = record_positions(tiny128, members_for(model), convs, k=3)
+    assert all(len(rec["head"]["p"]) == rec["head"]["n"] == 3 for recs in full for rec in recs)
+    for d in (1, 2):
+        short = record_positions(tiny128, {"head": members_for(model)["head"]}, convs, k=d)
+        cut = at_depth(full, d)
+        assert [[rec["head"]["n"] for rec in r] for r in cut] == [[rec["head"]["n"] for rec in r] for r in short]
+        assert [[rec["head"]["accepted"] for rec in r] for r in cut] == [
+            [rec["head"]["accepted"] for rec in r] for r in short
+        ]
+        got = [rec["head"]["signal"] for r in cut for rec in r]
+        assert got == pytest.approx([rec["head"]["signal"] for r in short for rec in r], abs=1e-5)
+    # not vacuous: the cut changes the head's signal (a shorter chain score); accepted counts are cut too
+    hand = {"head": {"n": 3, "signal": 0.9 + 0.72 + 0.504, "accepted": 3, "p": [0.9, 0.8, 0.7]}, "ngram": {"n": 0}}
+    assert at_depth([[hand]], 1) == [[{"head": {"n": 1, "signal": 0.9, "accepted": 1, "p": [0.9]}, "ngram": {"n": 0}}]]
+    assert at_depth([[hand]], 2)[0][0]["head"]["accepted"] == 2 and at_depth([[hand]], 3) == [[hand]]
+    one = at_depth(full, 1)
+    assert sum(a["head"]["signal"] < b["head"]["signal"] - 1e-6 for x, y in zip(one, full) for a, b in zip(x, y)) > 10
+
+    policy, figures = fit_policy(full, k=3, bins=4, head_depth=1)
+    assert policy.head_depth == 1 and policy.depth == 1
+    assert HybridPolicy.from_json(json.loads(json.dumps(policy.to_json()))) == policy
+    hybrid = HybridDrafter(members_for(model), policy, "hybrid")
+    outs, s = decode_prompts(tiny128, hybrid, PROMPTS, k=3, max_tokens=n)
+    assert outs == answers
+    assert s["target_steps"] - len(PROMPTS) == figures["policy"]["steps"]
+    head = hybrid.sources[hybrid._label("head")]
+    assert head["steps"] > 0 and head["draft_tokens"] == head["steps"]  # one head token per step it was chosen
+    assert max(s["counters"]["num_accepted_tokens_per_pos"][1:]) > 0  # suffix/ngram still drafted beyond it
+    bad = policy.to_json() | {"head_depth": 4}
+    with pytest.raises(ValueError, match="head_depth 4 outside"):
+        HybridPolicy.from_json(bad)
+    with pytest.raises(ValueError, match="per-token confidences"):
+        at_depth([[{"head": {"n": 3, "signal": 1.0, "accepted": 2}}]], 1)
+
+
 def test_hybrid_sampled_output_distribution_equals_target(small_target):  # noqa: F811
     """At temperature 1 the per-step choice keeps the target's distribution (chi-square over whole outputs)."""
     head = Eagle3Drafter(make_head(small_target.model, 4, seed=7, logit_scale=80.0, aux=SMALL_AUX), "sample")
@@ -204,7 +248,7 @@ TRAIN = [
 ]
 
 
-def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path):
+def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path, capsys):
     """fit-hybrid on training first turns writes hybrid.json next to the head; the matrix then runs hybrid(NAME)
     in the reference decoder at every temperature (greedy output unchanged, one choice per round, the oracle over
     the same members beside it) and refuses evaluation prompts the policy was fitted on."""
@@ -221,12 +265,28 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path):
     excluded = tmp_path / "heldout_prompts.jsonl"  # a run's held-out prompts that also sit in the data file
     excluded.write_text(json.dumps(TRAIN[1]) + "\n")
     argv = ["--target", str(tiny_target_dir), "--head", str(head), "--data", str(train), "--max-tokens", "24"]
-    assert fit_main([*argv, "--num-conversations", "3", "--backend", "hf", "--exclude", str(excluded)]) == 0
+    argv += ["--num-conversations", "3", "--backend", "hf", "--exclude", str(excluded)]
+    records = tmp_path / "records.json"
+    # first at head depth 1 with the records saved, then the full depth from the saved records (no forward pass)
+    assert fit_main([*argv, "--head-depth", "1", "--records", str(records)]) == 0
+    short = HybridPolicy.load(head)
+    assert short.depth == 1 and "records saved" in capsys.readouterr().out
+    assert fit_main([*argv, "--records", str(records)]) == 0
+    assert "read back" in capsys.readouterr().out
     policy = HybridPolicy.load(head)
     fit = policy.fitted_on
+    assert policy.depth == 3 and policy.head_depth is None
     assert fit["conversations"] == 2 and len(fit["prompt_keys"]) == 2 and fit["positions"] > 0
     assert set(fit["tokens_per_step"]) == {"head", "ngram", "suffix", "policy", "oracle"}
     assert fit["tokens_per_step"]["oracle"] >= max(fit["tokens_per_step"][r] for r in ("head", "ngram", "suffix"))
+    by_depth = fit["policy_tokens_per_step_by_head_depth"]
+    assert (
+        by_depth["3"] == fit["tokens_per_step"]["policy"]
+        and by_depth["1"] == short.fitted_on["tokens_per_step"]["policy"]
+    )
+    assert fit_main([*argv, "--records", str(records), "--k", "2"]) == 0  # other k: the records are not reused
+    assert "recording anew" in capsys.readouterr().out
+    assert fit_main([*argv, "--records", str(records)]) == 0  # back to k=3 for the matrix below
 
     kw = dict(ks=[3], max_tokens=24, num_prompts=2, served=False)
     r = run_matrix(

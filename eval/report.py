@@ -68,7 +68,8 @@ def _hybrid_section(rows: list[dict], hybrids: dict) -> list[str]:
         return []
     fitted = "; ".join(
         f"{h}: {fit.get('conversations')} conversations of `{Path(str(fit.get('data'))).name}`"
-        for h, fit in ((h, i.get("policy")) for h, i in hybrids.items())
+        + (f", head chain {i['head_depth']} deep" if i.get("head_depth") else "")
+        for h, i, fit in ((h, i, i.get("policy")) for h, i in hybrids.items())
         if fit
     )
     lines = [

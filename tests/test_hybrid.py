@@ -312,7 +312,7 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path, ca
     assert rows[0.0]["oracle"] == "oracle(h+ngram+suffix)" and rows[0.0]["oracle_tokens_per_target_step"] >= 1.0
     assert rows[1.0]["oracle"] is None  # the oracle runs greedy only
     report = (tmp_path / "m" / "report.md").read_text()
-    assert "## Hybrid" in report and name in report and "2 conversations of `train.jsonl`" in report
+    assert "## Hybrid" in report and name in report and "2 conversations of `train.jsonl`, head chain 3 deep" in report
 
     def greedy_ngram_matrix(workload: str, out: str, **extra) -> dict:
         return run_matrix(

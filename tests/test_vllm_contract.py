@@ -168,6 +168,18 @@ def test_full_vocab_head_exports_without_maps_and_serves(tiny_target_dir, tmp_pa
     assert got["draft_logits_calls"][0].shape[-1] == tc.vocab_size
 
 
+def _hybrid_prompts(tmp_path):
+    """Three short prompts: one that repeats itself (ngram and suffix draft there), two that do not."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": p}) + "\n"
+            for p in ("Repeat: one two three, one two three.", "Hello there, how are you?", "Count: 1 2 3 4 5")
+        )
+    )
+    return prompts
+
+
 def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target_dir, tmp_path):
     """The hybrid in vLLM (`draftsmith.vllm_hybrid`): pinned to the head its counters equal vLLM's native eagle3,
     pinned to suffix they equal native suffix decoding; with the policy choosing, greedy output is unchanged, the
@@ -187,13 +199,7 @@ def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target
             "suffix": Calibration([], [1.0], [1]),
         },
     ).save(head_dir)
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps({"prompt": p}) + "\n"
-            for p in ("Repeat: one two three, one two three.", "Hello there, how are you?", "Count: 1 2 3 4 5")
-        )
-    )
+    prompts = _hybrid_prompts(tmp_path)
     kw = dict(k=3, max_tokens=32, num_prompts=None, temperature=0.0)
     a = run_acceptance(
         str(tiny_target_dir),
@@ -253,13 +259,7 @@ def test_hybrid_served_with_a_shorter_head_chain(tiny_setup, tiny_target_dir, tm
         },
         head_depth=1,
     ).save(short)
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(
-        "".join(
-            json.dumps({"prompt": p}) + "\n"
-            for p in ("Repeat: one two three, one two three.", "Hello there, how are you?", "Count: 1 2 3 4 5")
-        )
-    )
+    prompts = _hybrid_prompts(tmp_path)
     kw = dict(max_tokens=32, num_prompts=None, temperature=0.0)
     a = run_acceptance(
         str(tiny_target_dir),

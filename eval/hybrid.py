@@ -405,9 +405,10 @@ def fit_hybrid(
     answers = cached_generate(target, prompts, max_tokens, 0.0, 0, cache_dir=cache_dir() / "generated", backend=backend)
     convs = [(p, a) for p, a in zip(prompts, answers) if len(a) >= 2]
 
+    family, head_config, head_state, _ = read_head(head_dir)  # the weights the fit uses (a run dir: its latest)
     identity = {
         "format": "draftsmith-hybrid-records-1",
-        "head": _weights_digest(head_dir),
+        "head": _head_digest(family.name, head_config, head_state),
         "conversations": hashlib.sha1(json.dumps(convs).encode()).hexdigest(),
         "k": k,
         "roles": list(roles),
@@ -424,7 +425,7 @@ def fit_hybrid(
         else:
             log(f"fit-hybrid: {records_path} holds records of another head, data or k: recording anew")
     if records is None:
-        tgt = Target.from_pretrained(target, aux_layer_ids=read_head(head_dir)[1].get("aux_layer_ids") or [0])
+        tgt = Target.from_pretrained(target, aux_layer_ids=head_config.get("aux_layer_ids") or [0])
         head = load_head_drafter("head", head_dir, tgt)[0]
         members = hybrid_members(head, roles)
 
@@ -464,14 +465,14 @@ def fit_hybrid(
     return policy, path
 
 
-def _weights_digest(head_dir: Path) -> str:
-    """sha1 of the head's weight files (an exported dir, a checkpoint or a run dir: whatever holds them)."""
-    h = hashlib.sha1()
-    for f in sorted(Path(head_dir).rglob("*.safetensors")):
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
+def _head_digest(family: str, config: dict, state: dict[str, torch.Tensor]) -> str:
+    """sha1 of the head as `read_head` gives it (family, config, every tensor's name, dtype, shape and bytes): the
+    head the fit runs, whether it came from an export or a run dir's latest checkpoint among others kept."""
+    h = hashlib.sha1(json.dumps([family, config], sort_keys=True, default=str).encode())
+    for name in sorted(state):
+        t = state[name].detach().contiguous().reshape(-1)
+        h.update(f"{name}:{t.dtype}:{tuple(state[name].shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

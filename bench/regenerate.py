@@ -4,10 +4,9 @@
 
 Each config `T:B` runs `draftsmith regenerate` with one engine of T OpenMP threads and B prompts per generate()
 call, one config after the other (so they never share the cores), on the same first turns, greedy, into a fresh
-file. Reports new tokens per second of
-the whole call (engine start-up included, as a user pays it), the ratio to the first config, and how many answers
-equal the first config's token for token. Writes bench.json and bench.md under --out; not a test: figures depend on
-the machine.
+file. Reports new tokens per second of the whole call (engine start-up included, as a user pays it), the ratio to
+the first config, and how many answers equal the first config's token for token. Writes bench.json and bench.md
+under --out; not a test: figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def cpu_name() -> str:

@@ -42,10 +42,10 @@ KEY = "draftsmith_hybrid"
 
 def hybrid_kwargs(head_dir: str | os.PathLike, k: int = 3, force: str | None = None, stats: str | None = None) -> dict:
     """LLM(...) keyword arguments serving the exported EAGLE-3 head at head_dir as a hybrid with its fitted policy."""
-    from draftsmith.eval.hybrid import HybridPolicy
+    from draftsmith.eval.hybrid import HybridPolicies
 
     head_dir = str(Path(head_dir).resolve())
-    HybridPolicy.load(head_dir)  # refuse early: no policy, or a malformed one
+    HybridPolicies.load(head_dir)  # refuse early: no policy, or a malformed one
     if force not in (None, "head", "suffix", "ngram", "full"):
         raise ValueError(f"force={force!r}: head, suffix, ngram, full or None")
     # "full": the policy chooses, but the head's chain runs every step (never skipped; the skip's contract test)
@@ -69,17 +69,17 @@ class _Hybrid:
     def __init__(self, runner, settings: dict):
         from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
-        from draftsmith.eval.hybrid import HybridPolicy
+        from draftsmith.eval.hybrid import HybridPolicies
 
-        self.policy = HybridPolicy.load(settings["policy"])
+        self.policies = HybridPolicies.load(settings["policy"])
         self.force = settings.get("force")
         self.skip_head = settings.get("skip_head", True)
         self.stats_path = settings.get("stats")
         cfg = runner.vllm_config.speculative_config
         self.k = cfg.num_speculative_tokens
-        self.depth = min(self.k, self.policy.depth)  # the head's passes when its chain runs
+        self.depth = min(self.k, self.policies.depth)  # the head's passes when its chain runs (the deepest policy)
         self.ngram = (cfg.prompt_lookup_min or 2, cfg.prompt_lookup_max or 5)
-        self.suffix = SuffixDecodingProposer(runner.vllm_config) if "suffix" in self.policy.members else None
+        self.suffix = SuffixDecodingProposer(runner.vllm_config) if "suffix" in self.policies.members else None
         self.scores: dict[str, float] = {}
         if self.suffix is not None:
             speculate = self.suffix.suffix_cache.speculate
@@ -93,7 +93,7 @@ class _Hybrid:
         self.head_probs: list = []  # per chain step: [num_reqs] probability of the drafted token
         self.hooked = False
         self.pending: dict[str, tuple[str, int]] = {}  # req_id -> (role, draft length) being verified
-        self.sources = {r: {"steps": 0, "draft_tokens": 0, "accepted_tokens": 0} for r in self.policy.members}
+        self.sources = {r: {"steps": 0, "draft_tokens": 0, "accepted_tokens": 0} for r in self.policies.members}
         self.seconds = {"head": 0.0, "suffix": 0.0, "ngram": 0.0, "choose": 0.0}  # wall time of each drafting part
         self.skipped = 0  # steps on which no request's head draft could have been chosen: its chain did not run
 
@@ -114,6 +114,10 @@ class _Hybrid:
 
         model.compute_logits = capture
         self.hooked = True
+
+    def policy(self, batch, i: int):
+        """The policy for request row i: the one fitted nearest its temperature (vLLM stores 0 for greedy)."""
+        return self.policies.for_temperature(float(batch.temperature_cpu[i]))
 
     def free_drafts(self, runner, sampled_token_ids) -> list[dict | None]:
         """Before the head runs: per request its suffix and prompt-lookup drafts (None for a partial prefill,
@@ -138,7 +142,7 @@ class _Hybrid:
                 free.append(None)
                 continue
             props = {}
-            if "ngram" in self.policy.members:
+            if "ngram" in self.policies.members:
                 tokens = batch.token_ids_cpu[i, : int(batch.num_tokens_no_spec[i])].tolist()
                 draft, n = ngram_match(tokens, self.k, *self.ngram)
                 props["ngram"] = Proposal(draft, signal=float(n))
@@ -150,12 +154,16 @@ class _Hybrid:
         self.seconds["ngram"] += time.perf_counter() - t1
         return free
 
-    def head_needed(self, free: list[dict | None]) -> bool:
+    def head_needed(self, batch, free: list[dict | None]) -> bool:
         """Whether the head's chain must run this step: forced to the head, or some request's training-free
-        drafts leave the head a chance (the policy's choice is then the same as if the head had drafted)."""
+        drafts leave the head a chance under its policy (the choice is then the same as if the head had
+        drafted)."""
         if self.force is not None:
             return self.force == "head"
-        return not self.skip_head or any(props is not None and self.policy.head_can_win(props) for props in free)
+        return not self.skip_head or any(
+            props is not None and (pol := self.policy(batch, i)).head_can_win(_of(pol, props))
+            for i, props in enumerate(free)
+        )
 
     def choose(self, runner, head_drafts, free: list[dict | None]) -> list[list[int]]:
         from draftsmith.eval.reference_decoder import Proposal, chain_score
@@ -168,10 +176,12 @@ class _Hybrid:
             if props is None:  # a partial prefill: nothing to draft from
                 out.append([])
                 continue
-            probs = [p[i] for p in self.head_probs[: self.depth] if i < len(p)]
-            head = heads[i][: self.depth] if i < len(heads) else []
+            policy = self.policy(batch, i)
+            depth = min(self.depth, policy.depth)  # this request's policy was calibrated on that many head tokens
+            probs = [p[i] for p in self.head_probs[:depth] if i < len(p)]
+            head = heads[i][:depth] if i < len(heads) else []
             props = {"head": Proposal(head, signal=chain_score(probs)), **props}
-            role = self.force or self.policy.choose(props)
+            role = self.force or policy.choose(_of(policy, props))
             draft = props[role].tokens
             src = self.sources[role]
             src["steps"] += 1
@@ -190,6 +200,11 @@ class _Hybrid:
 
             stats = {"force": self.force, "sources": self.sources, "seconds": self.seconds}
             atomic_write_json(self.stats_path, {**stats, "head_skipped": self.skipped}, durable=False)
+
+
+def _of(policy, props: dict) -> dict:
+    """The drafts of the members this policy calibrates (policies at other temperatures may name others)."""
+    return {r: p for r, p in props.items() if r in policy.members}
 
 
 def install() -> None:
@@ -214,7 +229,7 @@ def install() -> None:
         hybrid.scores.clear()
         free = hybrid.free_drafts(self, sampled_token_ids)
         depth = scheduler_output.num_spec_tokens_to_schedule
-        if not hybrid.head_needed(free):
+        if not hybrid.head_needed(self.input_batch, free):
             # vLLM's dynamic-draft-length path: the drafter's first pass still runs (the head's KV cache stays
             # in step with the target's), but it drafts nothing
             hybrid.skipped += 1

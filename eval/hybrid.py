@@ -1,7 +1,8 @@
 """The hybrid drafter: per step, the trained head's draft or a training-free one (suffix, ngram), whichever a
-policy fitted on training conversations expects greedy verification to accept furthest.
+policy fitted on training conversations expects verification to accept furthest.
 
     draftsmith eval fit-hybrid --target smollm2 --head exported/eagle3_smollm2 --data train.jsonl
+    draftsmith eval fit-hybrid ... --temperature 1     # a second policy, for sampled requests
     # -> exported/eagle3_smollm2/hybrid.json; `draftsmith eval matrix --head mine=exported/eagle3_smollm2 ...`
     #    then adds the row hybrid(mine) beside the head, ngram, suffix and the oracle
 
@@ -15,10 +16,11 @@ temperature > 0 the output distribution is the target's (the chosen member's dra
 verifier with its tokens).
 
 Fitting needs no speculative decoding. For each training conversation the target answers its first turn
-greedily (vLLM when installed, cached); one forward over prompt + answer gives the target's features at every
-position, and at each position every member proposes exactly as it would inside a decode (same committed
-tokens, same features, same suffix history), and its draft counts as accepted as far as it matches the greedy
-answer. From these per-position records the policy's tokens per target step on the training conversations is
+(greedily, or sampled at the policy's temperature; vLLM when installed, cached); one forward over prompt + answer
+gives the target's features at every position, and at each position every member proposes exactly as it would
+inside a decode (same committed tokens, same features, same suffix history), and its draft counts as accepted as
+far as it matches the answer (at T > 0 that is the law of vLLM's rejection of a greedy draft; see fit_hybrid).
+hybrid.json keeps one policy per temperature fitted (HybridPolicies); each request uses the nearest. From these per-position records the policy's tokens per target step on the training conversations is
 simulated exactly (a step at position j advances by the accepted count + 1), beside each member alone and the
 oracle (the best member at every step).
 """
@@ -72,6 +74,9 @@ class HybridPolicy:
     # tokens the head drafts when it runs (its chain's passes); suffix and ngram still draft up to k. None = k.
     # The head's later positions are accepted rarely yet each costs a pass of its layer and draft LM head.
     head_depth: int | None = None
+    # the sampling temperature of the answers it was fitted on (0: greedy); requests use the policy fitted nearest
+    # their own temperature (HybridPolicies)
+    temperature: float = 0.0
 
     @property
     def depth(self) -> int:
@@ -111,12 +116,91 @@ class HybridPolicy:
         depth = data.get("head_depth")
         if depth is not None and not 1 <= int(depth) <= int(data["k"]):
             raise ValueError(f"{source}: head_depth {depth} outside 1..k={data['k']}")
+        temperature = float(data.get("temperature", 0.0))
+        if not temperature >= 0.0:
+            raise ValueError(f"{source}: temperature {temperature}: want >= 0")
         return cls(
             k=int(data["k"]),
             members=members,
             fitted_on=data.get("fitted_on", {}),
             head_depth=None if depth is None else int(depth),
+            temperature=temperature,
         )
+
+    def save(self, head_dir: str | Path) -> Path:
+        """Write head_dir/hybrid.json holding this policy alone (see HybridPolicies.save for several)."""
+        return HybridPolicies([self]).save(head_dir)
+
+    def check_disjoint(self, prompts: list[list[int]], what: str) -> None:
+        """Refuse to evaluate on prompts the policy was fitted on."""
+        seen = set(self.fitted_on.get("prompt_keys", []))
+        hits = [i for i, p in enumerate(prompts) if prompt_key(p) in seen]
+        if hits:
+            raise ValueError(
+                f"{what}: prompts {hits[:5]}{'...' if len(hits) > 5 else ''} ({len(hits)} of {len(prompts)}) are among "
+                "the conversations the hybrid policy was fitted on; evaluate on held-out prompts"
+            )
+
+
+@dataclass
+class HybridPolicies:
+    """The policies fitted next to one head (hybrid.json), one per sampling temperature. A request is drafted by
+    the policy fitted nearest its temperature (greedy requests: 0): at T=1 the target's answers repeat their
+    context less, so suffix and ngram are accepted less per signal than on greedy answers."""
+
+    policies: list[HybridPolicy]
+
+    def __post_init__(self):
+        if not self.policies:
+            raise ValueError("a hybrid policy file needs at least one policy")
+        self.policies = sorted(self.policies, key=lambda p: p.temperature)
+        temps = [p.temperature for p in self.policies]
+        if len(set(temps)) != len(temps):
+            raise ValueError(f"hybrid policies: temperatures {temps} repeat")
+        if len({p.k for p in self.policies}) > 1:
+            raise ValueError(f"hybrid policies: k {[p.k for p in self.policies]} differ; one k per head directory")
+
+    @property
+    def k(self) -> int:
+        return self.policies[0].k
+
+    @property
+    def depth(self) -> int:
+        """The head chain's passes when it runs: the deepest policy's (a batch shares one chain length)."""
+        return max(p.depth for p in self.policies)
+
+    @property
+    def members(self) -> list[str]:
+        """Every role some policy names, in ROLES order."""
+        return [r for r in ROLES if any(r in p.members for p in self.policies)]
+
+    @property
+    def temperatures(self) -> list[float]:
+        return [p.temperature for p in self.policies]
+
+    def for_temperature(self, temperature: float) -> HybridPolicy:
+        """The policy fitted nearest this temperature (greedy = 0; on a tie the lower one)."""
+        t = max(0.0, float(temperature))
+        return min(self.policies, key=lambda p: (abs(p.temperature - t), p.temperature))
+
+    def with_policy(self, policy: HybridPolicy) -> HybridPolicies:
+        """These policies with `policy` added, replacing one fitted at the same temperature."""
+        return HybridPolicies([p for p in self.policies if p.temperature != policy.temperature] + [policy])
+
+    def check_disjoint(self, prompts: list[list[int]], what: str) -> None:
+        for p in self.policies:
+            p.check_disjoint(prompts, what)
+
+    def to_json(self) -> dict:
+        return {"format": "draftsmith-hybrid-2", "policies": [p.to_json() for p in self.policies]}
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "hybrid policy") -> HybridPolicies:
+        if data.get("format") == "draftsmith-hybrid-1":  # one greedy policy (files fitted before temperatures)
+            return cls([HybridPolicy.from_json(data, source)])
+        if data.get("format") != "draftsmith-hybrid-2" or not isinstance(data.get("policies"), list):
+            raise ValueError(f"{source}: not a draftsmith hybrid policy (format {data.get('format')!r})")
+        return cls([HybridPolicy.from_json(p, f"{source}, policy {i}") for i, p in enumerate(data["policies"])])
 
     def save(self, head_dir: str | Path) -> Path:
         path = Path(head_dir) / POLICY_FILE
@@ -124,7 +208,7 @@ class HybridPolicy:
         return path
 
     @classmethod
-    def load(cls, head_dir: str | Path) -> HybridPolicy:
+    def load(cls, head_dir: str | Path) -> HybridPolicies:
         path = Path(head_dir) / POLICY_FILE
         try:
             data = json.loads(path.read_text())
@@ -136,16 +220,6 @@ class HybridPolicy:
         except ValueError as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from None
         return cls.from_json(data, str(path))
-
-    def check_disjoint(self, prompts: list[list[int]], what: str) -> None:
-        """Refuse to evaluate on prompts the policy was fitted on."""
-        seen = set(self.fitted_on.get("prompt_keys", []))
-        hits = [i for i, p in enumerate(prompts) if prompt_key(p) in seen]
-        if hits:
-            raise ValueError(
-                f"{what}: prompts {hits[:5]}{'...' if len(hits) > 5 else ''} ({len(hits)} of {len(prompts)}) are among "
-                "the conversations the hybrid policy was fitted on; evaluate on held-out prompts"
-            )
 
 
 def _monotone(means: list[float], weights: list[int]) -> list[float]:
@@ -186,12 +260,13 @@ class HybridDrafter(Drafter):
     """Every member drafts every step (each observes every step, as it would alone); the policy picks one.
     `sources` counts per member the steps it was chosen, the tokens it drafted there and those accepted."""
 
-    def __init__(self, members: dict[str, Drafter], policy: HybridPolicy, name: str):
-        missing = [r for r in policy.members if r not in members]
+    def __init__(self, members: dict[str, Drafter], policy: HybridPolicy | HybridPolicies, name: str):
+        policies = policy if isinstance(policy, HybridPolicies) else HybridPolicies([policy])
+        missing = [r for r in policies.members if r not in members]
         if missing:
             raise ValueError(f"{name}: the policy needs members {missing}")
-        self.members = {r: d for r, d in members.items() if r in policy.members}
-        self.policy, self.name = policy, name
+        self.members = {r: d for r, d in members.items() if r in policies.members}
+        self.policies, self.name = policies, name
         self.sources = {self._label(r): {"steps": 0, "draft_tokens": 0, "accepted_tokens": 0} for r in self.members}
         self._pending: tuple[str, int] | None = None  # (label, draft length) of the proposal being verified
 
@@ -212,11 +287,14 @@ class HybridDrafter(Drafter):
             d.observe(start, next_tokens, feats)
 
     def propose(self, tokens, k, temperature, generator):
-        depth = min(k, self.policy.depth)  # the head's chain stops there; suffix and ngram draft up to k
+        policy = self.policies.for_temperature(temperature)
+        depth = min(k, policy.depth)  # the head's chain stops there; suffix and ngram draft up to k
         proposals = {
-            r: d.propose(tokens, depth if r == "head" else k, temperature, generator) for r, d in self.members.items()
+            r: d.propose(tokens, depth if r == "head" else k, temperature, generator)
+            for r, d in self.members.items()
+            if r in policy.members
         }
-        role = self.policy.choose(proposals)
+        role = policy.choose(proposals)
         p = proposals[role]
         draft = p.tokens[:k]
         src = self.sources[self._label(role)]
@@ -255,8 +333,9 @@ def record_positions(
     k: int,
     progress=None,
 ) -> list[list[dict]]:
-    """Per conversation (prompt ids, greedy answer ids), per answer position j (answer[:j+1] committed): each
-    member's {"n": draft length, "signal", "accepted"}, as each would propose inside a greedy decode."""
+    """Per conversation (prompt ids, answer ids), per answer position j (answer[:j+1] committed): each member's
+    {"n": draft length, "signal", "accepted"}, as each would propose inside a decode that produced this answer
+    (members draft greedily; "accepted": how far the draft matches the answer)."""
     out = []
     for c, (prompt, answer) in enumerate(conversations):
         seq = prompt + answer
@@ -362,9 +441,18 @@ def fit_hybrid(
     exclude: str | Path | None = None,
     head_depth: int | None = None,
     records_path: str | Path | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
     log=print,
 ) -> tuple[HybridPolicy, Path]:
-    """Fit the hybrid policy of the exported head at head_dir on `data`'s first turns; write head_dir/hybrid.json.
+    """Fit the hybrid policy of the exported head at head_dir on `data`'s first turns; write it into
+    head_dir/hybrid.json beside the policies fitted there at other temperatures (for the same head and k).
+
+    `temperature`: the target answers the first turns at this temperature (sampled with `seed`). A draft counts
+    as accepted as far as it matches that answer, which at T > 0 is exactly vLLM's rejection rule for one-hot
+    drafts (every member here drafts greedily): the drafted token x survives with probability p(x), and on a
+    rejection the token that replaces it is drawn from p without x, so the verified sequence and the accepted
+    counts have the law of a sampled answer compared position by position with the draft.
 
     `records_path`: the per-position records are saved there (atomically) and read back by a later fit with the
     same head weights, first turns, answers, k and members, so a refit (another head depth, other bins) runs no
@@ -384,6 +472,8 @@ def fit_hybrid(
         raise ValueError("--num-conversations and --k must be >= 1, --max-tokens >= 2")
     if head_depth is not None and not 1 <= head_depth <= k:
         raise ValueError(f"--head-depth {head_depth}: between 1 and --k {k}")
+    if not temperature >= 0.0:
+        raise ValueError(f"--temperature {temperature}: want >= 0 (0 = greedy)")
     target = resolve_target(str(target))
     head_dir = Path(head_dir)
     check_head_for_target(head_dir, target)  # an exported head, a checkpoint or a run dir, made for this target
@@ -401,17 +491,22 @@ def fit_hybrid(
                 break
     if not prompts:
         raise ValueError(f"{data}: no conversations to fit on (skip={skip})")
-    log(f"fit-hybrid: {len(prompts)} first turns of {data}; the target answers them greedily ({max_tokens} tokens)")
-    answers = cached_generate(target, prompts, max_tokens, 0.0, 0, cache_dir=cache_dir() / "generated", backend=backend)
+    how = "greedily" if temperature == 0 else f"at temperature {temperature:g} (seed {seed})"
+    log(f"fit-hybrid: {len(prompts)} first turns of {data}; the target answers them {how} ({max_tokens} tokens)")
+    answers = cached_generate(
+        target, prompts, max_tokens, temperature, seed, cache_dir=cache_dir() / "generated", backend=backend
+    )
     convs = [(p, a) for p, a in zip(prompts, answers) if len(a) >= 2]
 
     family, head_config, head_state, _ = read_head(head_dir)  # the weights the fit uses (a run dir: its latest)
+    digest = _head_digest(family.name, head_config, head_state)
     identity = {
         "format": "draftsmith-hybrid-records-1",
-        "head": _head_digest(family.name, head_config, head_state),
+        "head": digest,
         "conversations": hashlib.sha1(json.dumps(convs).encode()).hexdigest(),
         "k": k,
         "roles": list(roles),
+        "temperature": temperature,
     }
     records = None
     if records_path and Path(records_path).is_file():
@@ -438,8 +533,12 @@ def fit_hybrid(
             atomic_write_json(Path(records_path), {"identity": identity, "records": records}, indent=None)
             log(f"fit-hybrid: per-position records saved to {records_path}")
     policy, figures = fit_policy(records, k, bins, head_depth)
+    policy.temperature = temperature
     by_depth = {str(d): fit_policy(records, k, bins, d)[1]["policy"]["tokens_per_step"] for d in range(1, k + 1)}
     policy.fitted_on = {
+        "head": digest,
+        "temperature": temperature,
+        "seed": seed,
         "data": str(data),
         "skip": skip,
         "excluded": str(exclude) if exclude else None,
@@ -451,7 +550,8 @@ def fit_hybrid(
         "policy_tokens_per_step_by_head_depth": by_depth,
         "prompt_keys": sorted(prompt_key(p) for p in prompts),
     }
-    path = policy.save(head_dir)
+    policies = _kept_policies(head_dir, digest, k, temperature, log)
+    path = (policies.with_policy(policy) if policies else HybridPolicies([policy])).save(head_dir)
     tps = policy.fitted_on["tokens_per_step"]
     log(
         "fit-hybrid: tokens per target step on the training conversations: "
@@ -461,8 +561,35 @@ def fit_hybrid(
         "fit-hybrid: the policy's tokens per target step by head depth (the head's passes per step; deeper costs "
         "more head time): " + ", ".join(f"{d}: {v:.3f}" for d, v in by_depth.items() if v is not None)
     )
-    log(f"fit-hybrid: wrote {path} (head depth {policy.depth})")
+    kept = HybridPolicies.load(head_dir).temperatures
+    log(
+        f"fit-hybrid: wrote {path} (temperature {temperature:g}, head depth {policy.depth}; the file holds policies "
+        f"for temperatures {', '.join(f'{t:g}' for t in kept)})"
+    )
     return policy, path
+
+
+def _kept_policies(head_dir: Path, digest: str, k: int, temperature: float, log) -> HybridPolicies | None:
+    """The policies already in head_dir/hybrid.json that a new fit at `temperature` joins: those fitted on the
+    same head weights and k. Others (another head exported into this directory since, another k, a file from
+    before policies named their head) are dropped, and the log says so."""
+    path = Path(head_dir) / POLICY_FILE
+    if not path.is_file():
+        return None
+    try:
+        old = HybridPolicies.load(head_dir)
+    except ValueError as e:
+        log(f"fit-hybrid: {path} is replaced ({e})")
+        return None
+    keep, dropped = [], []
+    for p in old.policies:
+        same = p.fitted_on.get("head") == digest and p.k == k
+        (keep if same or p.temperature == temperature else dropped).append(p)
+    for p in dropped:
+        why = "another k" if p.k != k else "other head weights (or fitted before policies recorded their head)"
+        log(f"fit-hybrid: the policy for temperature {p.temperature:g} in {path} is dropped: {why}")
+    keep = [p for p in keep if p.temperature != temperature]
+    return HybridPolicies(keep) if keep else None
 
 
 def _head_digest(family: str, config: dict, state: dict[str, torch.Tensor]) -> str:
@@ -502,6 +629,14 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"], help="who writes the answers")
     p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="the target answers at this temperature (default 0: greedy); each temperature fitted is kept in "
+        "hybrid.json and requests use the policy fitted nearest their own",
+    )
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the answers at temperature > 0")
+    p.add_argument(
         "--records",
         default=None,
         help="save the per-position records here; a later fit of the same head, data and k reads them back",
@@ -521,5 +656,7 @@ def main(argv: list[str]) -> int:
         exclude=args.exclude,
         head_depth=args.head_depth,
         records_path=args.records,
+        temperature=args.temperature,
+        seed=args.seed,
     )
     return 0

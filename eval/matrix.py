@@ -275,7 +275,12 @@ def run_matrix(
         "methods": names + list(hybrid_members) + list(oracle_members),
         "oracles": oracle_members,
         "hybrids": {
-            h: {"members": m, "policy": policies[h][1].fitted_on, "head_depth": policies[h][1].depth}
+            h: {
+                "members": m,
+                "policy": policies[h][1].for_temperature(0).fitted_on,
+                "head_depth": policies[h][1].depth,
+                "temperatures": policies[h][1].temperatures,
+            }
             for h, m in hybrid_members.items()
         },
         "heads": head_info,
@@ -301,9 +306,9 @@ def run_matrix(
 
 def _hybrid_policies(heads: dict[str, str]) -> dict:
     """hybrid(NAME) -> (NAME, policy) for every head whose directory holds a fitted hybrid policy."""
-    from draftsmith.eval.hybrid import POLICY_FILE, HybridPolicy
+    from draftsmith.eval.hybrid import POLICY_FILE, HybridPolicies
 
-    return {f"hybrid({n})": (n, HybridPolicy.load(d)) for n, d in heads.items() if (Path(d) / POLICY_FILE).is_file()}
+    return {f"hybrid({n})": (n, HybridPolicies.load(d)) for n, d in heads.items() if (Path(d) / POLICY_FILE).is_file()}
 
 
 def _reference_cells(

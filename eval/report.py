@@ -69,6 +69,11 @@ def _hybrid_section(rows: list[dict], hybrids: dict) -> list[str]:
     fitted = "; ".join(
         f"{h}: {fit.get('conversations')} conversations of `{Path(str(fit.get('data'))).name}`"
         + (f", head chain {i['head_depth']} deep" if i.get("head_depth") else "")
+        + (
+            f", policies fitted at T = {', '.join(f'{t:g}' for t in i['temperatures'])}"
+            if len(i.get("temperatures") or []) > 1
+            else ""
+        )
         for h, i, fit in ((h, i, i.get("policy")) for h, i in hybrids.items())
         if fit
     )

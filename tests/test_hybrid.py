@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+import torch
 from test_reference_decoder import (  # noqa: F401  (one_thread, tiny128 and small_target are fixtures)
     N_SAMPLES,
     PROMPT,
@@ -27,6 +28,7 @@ from draftsmith.eval.hybrid import (
     POLICY_FILE,
     Calibration,
     HybridDrafter,
+    HybridPolicies,
     HybridPolicy,
     _monotone,
     at_depth,
@@ -39,10 +41,12 @@ from draftsmith.eval.hybrid import (
 from draftsmith.eval.reference_decoder import (
     Eagle3Drafter,
     NgramDrafter,
+    NoDrafter,
     Proposal,
     SuffixDrafter,
     chain_score,
     decode_prompts,
+    speculative_generate,
 )
 
 
@@ -131,24 +135,105 @@ def test_policy_file_round_trip_and_errors(tmp_path):
     pol.fitted_on = {"prompt_keys": [prompt_key([1, 2, 3])], "conversations": 1}
     path = pol.save(tmp_path)
     assert path == tmp_path / POLICY_FILE
-    back = HybridPolicy.load(tmp_path)
-    assert back == pol
+    back = HybridPolicies.load(tmp_path)
+    assert back == HybridPolicies([pol]) and back.for_temperature(1.0) == pol
     with pytest.raises(ValueError, match="fitted on"):
         back.check_disjoint([[4, 5], [1, 2, 3]], "workload chat")
     back.check_disjoint([[4, 5], [1, 2]], "workload chat")  # no overlap: fine
     with pytest.raises(FileNotFoundError, match="fit-hybrid"):
-        HybridPolicy.load(tmp_path / "nothing")
+        HybridPolicies.load(tmp_path / "nothing")
+    path.write_text(json.dumps(pol.to_json()))  # a file from before temperatures: one greedy policy
+    assert HybridPolicies.load(tmp_path) == HybridPolicies([pol])
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        HybridPolicy.load(tmp_path)
+        HybridPolicies.load(tmp_path)
     path.write_text(json.dumps({"format": "other"}))
     with pytest.raises(ValueError, match="not a draftsmith hybrid policy"):
-        HybridPolicy.load(tmp_path)
+        HybridPolicies.load(tmp_path)
     bad = pol.to_json()
     bad["members"]["head"]["counts"] = [1]
-    path.write_text(json.dumps(bad))
-    with pytest.raises(ValueError, match="edges"):
-        HybridPolicy.load(tmp_path)
+    path.write_text(json.dumps({"format": "draftsmith-hybrid-2", "policies": [pol.to_json(), bad]}))
+    with pytest.raises(ValueError, match="policy 1: member head: 1 edges"):
+        HybridPolicies.load(tmp_path)
+
+
+def test_policies_per_temperature():
+    """hybrid.json holds one policy per temperature; a request takes the one fitted nearest its own (greedy: 0),
+    and the drafter proposes what that policy chooses."""
+    greedy = policy_of(([0.5], [0.3, 1.2], [10, 10]), ([1.0], [0.4, 2.0], [10, 10]))
+    hot = policy_of(([0.5], [0.3, 1.2], [10, 10]), ([1.0], [0.1, 0.3], [10, 10]))
+    hot.temperature, hot.head_depth = 1.0, 2
+    both = HybridPolicies([hot, greedy])
+    assert both.temperatures == [0.0, 1.0] and both.k == 3 and both.depth == 3
+    assert [both.for_temperature(t) for t in (0.0, 0.4, 0.5, 0.7, 1.0, 2.0)] == [greedy] * 3 + [hot] * 3
+    assert HybridPolicies.from_json(json.loads(json.dumps(both.to_json()))) == both
+    P = Proposal
+    props = {"head": P([1, 2], signal=0.9), "suffix": P([3, 4], signal=2.0)}
+    assert greedy.choose(props) == "suffix" and hot.choose(props) == "head"  # suffix is worth less at T=1
+    again = hot.__class__(**{**hot.__dict__, "members": {**hot.members, "head": Calibration([], [0.0], [1])}})
+    assert both.with_policy(again).for_temperature(1.0) is again and len(both.with_policy(again).policies) == 2
+    with pytest.raises(ValueError, match="repeat"):
+        HybridPolicies([greedy, greedy])
+    with pytest.raises(ValueError, match="one k per head"):
+        HybridPolicies([greedy, HybridPolicy(k=2, members=hot.members, temperature=1.0)])
+    with pytest.raises(ValueError, match="temperature -1"):
+        HybridPolicy.from_json(greedy.to_json() | {"temperature": -1})
+
+    class Fixed(NoDrafter):
+        def __init__(self, draft):
+            self.draft = draft
+
+        def propose(self, tokens, k, temperature, generator):
+            return P(self.draft[:k], signal=0.9 if self.draft == [1, 2, 3] else 2.0)
+
+    drafter = HybridDrafter({"head": Fixed([1, 2, 3]), "suffix": Fixed([7, 8, 9])}, both, "hybrid")
+    assert drafter.propose([0], 3, 0.0, None).tokens == [7, 8, 9]  # greedy policy: suffix
+    assert drafter.propose([0], 3, 1.0, None).tokens == [1, 2]  # T=1 policy: the head, its chain 2 deep
+
+
+def _sampled_answers(target, prompt, n, length, temperature, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [speculative_generate(target, NoDrafter(), prompt, 1, length, temperature, gen) for _ in range(n)]
+
+
+def test_records_of_sampled_answers_have_the_law_of_sampled_speculative_decoding(small_target):  # noqa: F811
+    """fit-hybrid at T > 0 compares greedy drafts with answers sampled at T: a draft token x survives vLLM's
+    rejection with probability p(x), and a rejected one is replaced by a draw from p without x, so accepted counts
+    have the law of a sampled answer matched position by position. Checked: target steps per answer simulated
+    from records of sampled answers equal (in mean) those of real sampled speculative decoding, per member; the
+    same records over greedy answers do not (the check has power)."""
+    T, n, length, prompt = 1.0, 200, 12, PROMPT
+
+    def members():
+        head = Eagle3Drafter(make_head(small_target.model, 4, seed=7, logit_scale=80.0, aux=SMALL_AUX))
+        return {"head": head, "ngram": NgramDrafter(1, 2)}
+
+    sampled = _sampled_answers(small_target, prompt, n, length, T, seed=1)
+    records = record_positions(small_target, members(), [(prompt, a) for a in sampled], k=3)
+    greedy = [plain_greedy(small_target.model, prompt, length)]
+    greedy_records = record_positions(small_target, members(), [(prompt, a) for a in greedy], k=3)
+    for role in ("head", "ngram"):
+        sim = simulate(records, lambda rec, role=role: role)["steps"] / n
+        gen = torch.Generator().manual_seed(2)
+        steps = []
+        for _ in range(n):
+            drafter = members()[role]
+            _, s = decode_prompts(
+                small_target,
+                drafter,
+                [prompt],
+                k=3,
+                max_tokens=length,
+                temperature=T,
+                seed=int(torch.randint(0, 2**31, (1,), generator=gen)),
+            )
+            steps.append(s["target_steps"] - 1)  # the prefill is not in the records
+        mean = sum(steps) / n
+        sd = (sum((x - mean) ** 2 for x in steps) / (n - 1)) ** 0.5
+        tol = 4 * sd * (2 / n) ** 0.5  # two independent means of n
+        assert abs(sim - mean) < tol, (role, sim, mean, tol)
+        greedy_sim = simulate(greedy_records, lambda rec, role=role: role)["steps"]
+        assert abs(greedy_sim - mean) > tol, (role, greedy_sim, mean, tol)  # greedy answers would mislead
 
 
 def members_for(model):
@@ -269,11 +354,11 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path, ca
     records = tmp_path / "records.json"
     # first at head depth 1 with the records saved, then the full depth from the saved records (no forward pass)
     assert fit_main([*argv, "--head-depth", "1", "--records", str(records)]) == 0
-    short = HybridPolicy.load(head)
+    short = HybridPolicies.load(head).for_temperature(0)
     assert short.depth == 1 and "records saved" in capsys.readouterr().out
     assert fit_main([*argv, "--records", str(records)]) == 0
     assert "read back" in capsys.readouterr().out
-    policy = HybridPolicy.load(head)
+    policy = HybridPolicies.load(head).for_temperature(0)
     fit = policy.fitted_on
     assert policy.depth == 3 and policy.head_depth is None
     assert fit["conversations"] == 2 and len(fit["prompt_keys"]) == 2 and fit["positions"] > 0
@@ -287,6 +372,17 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path, ca
     assert fit_main([*argv, "--records", str(records), "--k", "2"]) == 0  # other k: the records are not reused
     assert "recording anew" in capsys.readouterr().out
     assert fit_main([*argv, "--records", str(records)]) == 0  # back to k=3 for the matrix below
+    capsys.readouterr()
+    # a policy for sampled requests joins the greedy one: answers sampled at T=1, their own records
+    assert fit_main([*argv, "--temperature", "1", "--records", str(tmp_path / "records_t1.json")]) == 0
+    out = capsys.readouterr().out
+    assert "at temperature 1 (seed 0)" in out and "temperatures 0, 1" in out
+    both = HybridPolicies.load(head)
+    assert both.temperatures == [0.0, 1.0] and both.for_temperature(0) == HybridPolicies.load(head).policies[0]
+    hot = both.for_temperature(1.0)
+    assert hot.fitted_on["temperature"] == 1.0 and hot.fitted_on["head"] == fit["head"]
+    assert hot.fitted_on["positions"] > 0 and hot.fitted_on["prompt_keys"] == fit["prompt_keys"]
+    assert both.for_temperature(0).fitted_on == {**fit, "head": fit["head"]}  # the greedy policy was kept as it was
 
     kw = dict(ks=[3], max_tokens=24, num_prompts=2, served=False)
     r = run_matrix(
@@ -313,6 +409,7 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path, ca
     assert rows[1.0]["oracle"] is None  # the oracle runs greedy only
     report = (tmp_path / "m" / "report.md").read_text()
     assert "## Hybrid" in report and name in report and "2 conversations of `train.jsonl`, head chain 3 deep" in report
+    assert "policies fitted at T = 0, 1" in report and r["hybrids"][name]["temperatures"] == [0.0, 1.0]
 
     def greedy_ngram_matrix(workload: str, out: str, **extra) -> dict:
         return run_matrix(
@@ -331,3 +428,7 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path, ca
     greedy_ngram_matrix(f"heldout={excluded}", "z")  # the excluded prompt was never fitted on: evaluating on it is fine
     off = greedy_ngram_matrix(f"train={train}", "y", hybrid=False)
     assert off["hybrids"] == {} and not off["hybrid"]
+    capsys.readouterr()
+    assert fit_main([*argv, "--k", "2"]) == 0  # one k per file: the T=1 policy fitted at k=3 goes
+    assert "policy for temperature 1 in" in capsys.readouterr().out
+    assert HybridPolicies.load(head).temperatures == [0.0] and HybridPolicies.load(head).k == 2

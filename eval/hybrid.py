@@ -184,10 +184,6 @@ class HybridPolicies:
         t = max(0.0, float(temperature))
         return min(self.policies, key=lambda p: (abs(p.temperature - t), p.temperature))
 
-    def with_policy(self, policy: HybridPolicy) -> HybridPolicies:
-        """These policies with `policy` added, replacing one fitted at the same temperature."""
-        return HybridPolicies([p for p in self.policies if p.temperature != policy.temperature] + [policy])
-
     def check_disjoint(self, prompts: list[list[int]], what: str) -> None:
         for p in self.policies:
             p.check_disjoint(prompts, what)
@@ -551,8 +547,8 @@ def fit_hybrid(
         "policy_tokens_per_step_by_head_depth": by_depth,
         "prompt_keys": sorted(prompt_key(p) for p in prompts),
     }
-    policies = _kept_policies(head_dir, digest, k, temperature, log)
-    path = (policies.with_policy(policy) if policies else HybridPolicies([policy])).save(head_dir)
+    saved = HybridPolicies([*_kept_policies(head_dir, digest, k, temperature, log), policy])
+    path = saved.save(head_dir)
     tps = policy.fitted_on["tokens_per_step"]
     log(
         "fit-hybrid: tokens per target step on the training conversations: "
@@ -562,35 +558,36 @@ def fit_hybrid(
         "fit-hybrid: the policy's tokens per target step by head depth (the head's passes per step; deeper costs "
         "more head time): " + ", ".join(f"{d}: {v:.3f}" for d, v in by_depth.items() if v is not None)
     )
-    kept = HybridPolicies.load(head_dir).temperatures
     log(
         f"fit-hybrid: wrote {path} (temperature {temperature:g}, head depth {policy.depth}; the file holds policies "
-        f"for temperatures {', '.join(f'{t:g}' for t in kept)})"
+        f"for temperatures {', '.join(f'{t:g}' for t in saved.temperatures)})"
     )
     return policy, path
 
 
-def _kept_policies(head_dir: Path, digest: str, k: int, temperature: float, log) -> HybridPolicies | None:
-    """The policies already in head_dir/hybrid.json that a new fit at `temperature` joins: those fitted on the
-    same head weights and k. Others (another head exported into this directory since, another k, a file from
-    before policies named their head) are dropped, and the log says so."""
+def _kept_policies(head_dir: Path, digest: str, k: int, temperature: float, log) -> list[HybridPolicy]:
+    """The policies already in head_dir/hybrid.json that a new fit at `temperature` keeps beside its own: those at
+    other temperatures fitted on the same head weights and k. Others (another head exported into this directory
+    since, another k, a file from before policies named their head) are dropped, and the log says so; the one at
+    `temperature` is replaced."""
     path = Path(head_dir) / POLICY_FILE
     if not path.is_file():
-        return None
+        return []
     try:
         old = HybridPolicies.load(head_dir)
     except ValueError as e:
         log(f"fit-hybrid: {path} is replaced ({e})")
-        return None
-    keep, dropped = [], []
+        return []
+    kept = []
     for p in old.policies:
-        same = p.fitted_on.get("head") == digest and p.k == k
-        (keep if same or p.temperature == temperature else dropped).append(p)
-    for p in dropped:
-        why = "another k" if p.k != k else "other head weights (or fitted before policies recorded their head)"
-        log(f"fit-hybrid: the policy for temperature {p.temperature:g} in {path} is dropped: {why}")
-    keep = [p for p in keep if p.temperature != temperature]
-    return HybridPolicies(keep) if keep else None
+        if p.temperature == temperature:
+            continue
+        if p.fitted_on.get("head") == digest and p.k == k:
+            kept.append(p)
+        else:
+            why = "another k" if p.k != k else "other head weights (or fitted before policies recorded their head)"
+            log(f"fit-hybrid: the policy for temperature {p.temperature:g} in {path} is dropped: {why}")
+    return kept
 
 
 def _head_digest(family: str, config: dict, state: dict[str, torch.Tensor]) -> str:

@@ -170,8 +170,6 @@ def test_policies_per_temperature():
     P = Proposal
     props = {"head": P([1, 2], signal=0.9), "suffix": P([3, 4], signal=2.0)}
     assert greedy.choose(props) == "suffix" and hot.choose(props) == "head"  # suffix is worth less at T=1
-    again = hot.__class__(**{**hot.__dict__, "members": {**hot.members, "head": Calibration([], [0.0], [1])}})
-    assert both.with_policy(again).for_temperature(1.0) is again and len(both.with_policy(again).policies) == 2
     with pytest.raises(ValueError, match="repeat"):
         HybridPolicies([greedy, greedy])
     with pytest.raises(ValueError, match="one k per head"):

@@ -79,7 +79,8 @@ def prepare_smollm2(out_dir: str | os.PathLike | None = None, force: bool = Fals
 
 
 def resolve_target(name_or_path: str) -> str:
-    """Map the embedded default's alias to its converted directory; pass anything else through."""
+    """Map the embedded default's alias to its converted directory; expand `~` (committed results record home
+    as `~`, see draftsmith/paths.py); pass anything else through."""
     if name_or_path in EMBEDDED_TARGETS:
         return str(prepare_smollm2())
-    return name_or_path
+    return os.path.expanduser(name_or_path)

@@ -154,6 +154,22 @@ def test_mlp_reexport_and_empty_dir(tmp_path, target_a, capsys):
     assert export(capsys, run, out)[0] == 0 and is_previous_export(out)
 
 
+def test_a_target_recorded_under_home_as_tilde_is_checked(tmp_path, target_a, capsys, monkeypatch):
+    """Committed runs record the home directory as `~` (draftsmith/paths.py): export expands it, checks the head
+    against that target and records the absolute path, instead of skipping the check."""
+    run = make_run(tmp_path / "runs" / "home", target_a)
+    head_json = resolve_checkpoint(run) / "head.json"
+    meta = json.loads(head_json.read_text())
+    meta["config"]["target"]["name_or_path"] = f"~/{target_a.name}"
+    head_json.write_text(json.dumps(meta))
+    monkeypatch.setenv("HOME", str(target_a.parent))
+    rc, err = export(capsys, run, tmp_path / "exported")
+    assert rc == 0, err
+    assert "check skipped" not in err
+    verifier = json.loads((tmp_path / "exported" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier["name_or_path"] == str(target_a.resolve())
+
+
 def test_symlinked_out_is_refused(run, tmp_path, capsys):
     real = tmp_path / "real"
     real.mkdir()

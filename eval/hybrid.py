@@ -458,7 +458,7 @@ def fit_hybrid(
 
     from draftsmith.assets import cache_dir, resolve_target
     from draftsmith.eval.head_check import check_head_for_target
-    from draftsmith.eval.prompts import load_prompts, render_prompts
+    from draftsmith.eval.prompts import first_turns, load_prompts, render_prompts
     from draftsmith.eval.reference_decoder import load_head_drafter
     from draftsmith.generate import cached_generate
     from draftsmith.train.checkpoint import read_head
@@ -480,7 +480,7 @@ def fit_hybrid(
         banned = {prompt_key(p) for p in render_prompts(tokenizer, load_prompts(exclude))}
         log(f"fit-hybrid: {len(banned)} prompts of {exclude} excluded")
     prompts = []
-    for rec in load_prompts(data, None if banned else skip + num_conversations)[skip:]:  # first user turns
+    for rec in first_turns(str(data), None if banned else skip + num_conversations)[skip:]:
         (ids,) = render_prompts(tokenizer, [rec])  # one at a time: only as many as the fit takes are rendered
         if prompt_key(ids) not in banned:
             prompts.append(ids)
@@ -607,7 +607,12 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="draftsmith eval fit-hybrid", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help="target HF dir, or `smollm2` (the embedded default)")
     p.add_argument("--head", required=True, help="the exported head (or run) directory; hybrid.json is written there")
-    p.add_argument("--data", required=True, help="training conversations (JSONL; first user turns are used)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="conversations as training reads them (`sharegpt`, .json, .jsonl, hf:NAME) or a prompt JSONL; "
+        "the first user turn of each is answered",
+    )
     p.add_argument("--num-conversations", type=int, default=64, help="first turns to fit on (default 64)")
     p.add_argument("--skip", type=int, default=0, help="skip the first N records of --data")
     p.add_argument("--max-tokens", type=int, default=256, help="greedy answer length (default 256)")

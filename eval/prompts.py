@@ -85,6 +85,40 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
     return prompts
 
 
+def first_turns(data: str, limit: int | None = None) -> list[dict]:
+    """The first user turn (after any system message) of each conversation in `data`, as `load_prompts` records.
+
+    `data` is what training reads (`sharegpt`, a ShareGPT-style .json array, hf:NAME, a saved dataset dir; those go
+    through the training reader, so the N-th conversation is the one training counts as N-th) or a prompt JSONL
+    in any shape `load_prompts` reads (a prompt with no answer is kept)."""
+    from draftsmith.train.data.conversations import first_char, read_conversations, resolve_path
+
+    p = resolve_path(data) if not data.startswith("hf:") else None
+    if p is not None and p.is_file() and first_char(p) == "{" and _prompt_shaped(p):
+        records = load_prompts(p, limit)
+    else:
+        records = [{"messages": c.messages, "id": c.id} for c in read_conversations(data, limit)]
+    for r in records:
+        first = next(i for i, m in enumerate(r["messages"]) if m["role"] == "user")
+        r["messages"] = r["messages"][: first + 1]
+    return records
+
+
+def _prompt_shaped(path: Path) -> bool:
+    """Whether the first record of a JSON-lines file has a key `load_prompts` reads (else: a training format)."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    return True  # load_prompts names the file and line
+                return not isinstance(record, dict) or any(
+                    k in record for k in ("messages", "prompt", "turns", "question")
+                )
+    return True
+
+
 def render_prompts(tokenizer, prompts: list[dict]) -> list[list[int]]:
     """Token ids of each prompt as the server sees it: chat template + generation prompt, no extra BOS."""
     if not getattr(tokenizer, "chat_template", None):

@@ -18,7 +18,7 @@ from draftsmith.eval.acceptance import (
     tokens_per_step,
 )
 from draftsmith.eval.cli import main as eval_main
-from draftsmith.eval.prompts import PromptFileError, load_prompts, render_prompts
+from draftsmith.eval.prompts import PromptFileError, first_turns, load_prompts, render_prompts
 from draftsmith.vllm_runner import counter_delta, read_spec_counters
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -84,6 +84,52 @@ def test_missing_and_empty_prompt_files(tmp_path):
         load_prompts(tmp_path / "nope.jsonl")
     with pytest.raises(PromptFileError, match="no prompts"):
         load_prompts(write_jsonl(tmp_path / "empty.jsonl", [""]))
+
+
+def test_first_turns_read_training_data_and_prompt_files(tmp_path):
+    """fit-hybrid's --data: what training reads (a ShareGPT .json array, ShareGPT-style JSON lines) or a prompt
+    JSONL; each gives the first user turn (after a system message), counted as training counts conversations."""
+    sharegpt = [
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "human", "value": "Q1"},
+                {"from": "gpt", "value": "A1"},
+                {"from": "human", "value": "Q2"},
+                {"from": "gpt", "value": "A2"},
+            ],
+        },
+        {"id": "junk", "conversations": [{"from": "human", "value": "no answer"}]},  # training skips it
+        {
+            "id": "b",
+            "conversations": [
+                {"from": "system", "value": "S"},
+                {"from": "human", "value": "Q3"},
+                {"from": "gpt", "value": "A3"},
+            ],
+        },
+    ]
+    array = tmp_path / "sharegpt.json"
+    array.write_text(json.dumps(sharegpt))
+    lines = write_jsonl(tmp_path / "sharegpt.jsonl", [json.dumps(r) for r in sharegpt])
+    want = [
+        [{"role": "user", "content": "Q1"}],
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "Q3"}],
+    ]
+    for path in (array, lines):
+        assert [r["messages"] for r in first_turns(str(path))] == want
+        assert [r["messages"] for r in first_turns(str(path), 1)] == want[:1]
+    chat = [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "Q2"},
+    ]
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [json.dumps({"messages": chat}), json.dumps({"prompt": "P"})])
+    assert [r["messages"] for r in first_turns(str(prompts))] == [chat[:1], [{"role": "user", "content": "P"}]]
+    embedded = first_turns("sharegpt", 2)  # the embedded ShareGPT file, as the preset's data reads it
+    assert [r["id"] for r in embedded][0] == "QWJhYvA_0" and all(len(r["messages"]) == 1 for r in embedded)
+    with pytest.raises(PromptFileError, match="prompts.jsonl:2"):
+        first_turns(str(write_jsonl(tmp_path / "prompts.jsonl", [json.dumps({"prompt": "P"}), "{oops"])))
 
 
 @pytest.mark.parametrize("name, n", [("spec_bench_questions.jsonl", 480), ("gsm8k_test.jsonl", 1319)])

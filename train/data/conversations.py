@@ -190,7 +190,8 @@ def resolve_path(path: str) -> Path:
     return Path(path).expanduser()
 
 
-def _first_char(p: Path) -> str:
+def first_char(p: Path) -> str:
+    """The file's first non-blank character ('[' a JSON array, '{' JSON lines; '' empty)."""
     with open(p, "rb") as f:
         head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")  # a UTF-8 BOM or blank lines may lead
     return head[:1].decode("ascii", errors="replace")
@@ -406,7 +407,7 @@ def _records(path: str, stats: ReadStats) -> Iterator[tuple[Any, str]]:
         return _iter_hf(ds, name)
     if p.suffix not in (".json", ".jsonl"):
         raise DataError(f"{p}: unknown data format (expected .json, .jsonl, a saved HF dataset dir or hf:NAME)")
-    first = _first_char(p)
+    first = first_char(p)
     if p.suffix == ".jsonl" and first != "":  # trust the extension: a junk first line must not turn it into an array
         return _iter_jsonl(p, stats)
     if first == "[":

@@ -85,7 +85,7 @@ def _prepare_heads(heads: dict[str, str], target: str, out: Path, log, target_co
     """(name -> exported dir for vLLM, name -> {family, source, metrics, depth}); a head made for another target
     is refused first (`check_head_for_target`), a checkpoint before it is exported."""
     from draftsmith.eval.head_check import check_head_for_target
-    from draftsmith.train.checkpoint import read_head, resolve_checkpoint
+    from draftsmith.train.checkpoint import read_head, resolve_checkpoint, training_data
 
     served, info = {}, {}
     for name, path in heads.items():
@@ -96,7 +96,15 @@ def _prepare_heads(heads: dict[str, str], target: str, out: Path, log, target_co
             served[name] = str(p)
         else:  # a checkpoint: export it for vLLM
             dest = out / "heads" / name
-            family.exporter(state, family.config(**cfg), dest, verifier=target, target_config=target_config, source=p)
+            family.exporter(
+                state,
+                family.config(**cfg),
+                dest,
+                verifier=target,
+                target_config=target_config,
+                source=p,
+                trained_on=training_data(p),
+            )
             served[name] = str(dest)
             log(f"exported head {name} ({family.name}) from {resolve_checkpoint(p)} -> {dest}")
             if (p / "hybrid.json").is_file():  # its fitted hybrid policy travels with it

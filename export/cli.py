@@ -16,7 +16,7 @@ import sys
 
 from draftsmith.export.destination import check_export_destination
 from draftsmith.export.vllm import ExportError
-from draftsmith.train.checkpoint import load_head, resolve_checkpoint
+from draftsmith.train.checkpoint import load_head, resolve_checkpoint, training_data
 from draftsmith.train.heads import families
 
 
@@ -96,6 +96,7 @@ def export(args) -> int:
             target_config=target_config,
             source=sources,
             force=args.force,
+            trained_on=training_data(ckpt),
             **options,
         )
     except ExportError as e:

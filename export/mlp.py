@@ -119,6 +119,7 @@ def export_mlp_speculator(
     target_config=None,
     source=None,
     force: bool = False,
+    trained_on: dict | None = None,
 ) -> Path:
     """Write config.json + model.safetensors atomically, then validate the result (`out_dir` is checked first,
     as in `export_eagle3`: never a file, the checkpoint's own directory, or unrelated files without `force`)."""
@@ -132,7 +133,15 @@ def export_mlp_speculator(
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
         (tmp / "draftsmith.json").write_text(
-            json.dumps({"family": "mlp_speculator", "verifier": verifier, "head_config": cfg.to_dict()}, indent=2)
+            json.dumps(
+                {
+                    "family": "mlp_speculator",
+                    "verifier": verifier,
+                    "head_config": cfg.to_dict(),
+                    **({"trained_on": trained_on} if trained_on else {}),
+                },
+                indent=2,
+            )
             + "\n"
         )
         validate_mlp_export(tmp, target_config)  # an export that fails its own contract never replaces a good one

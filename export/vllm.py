@@ -231,11 +231,13 @@ def export_eagle3(
     target_config=None,
     source=None,
     force: bool = False,
+    trained_on: dict | None = None,
 ) -> Path:
     """Write config.json + model.safetensors atomically, then validate the result.
 
     `out_dir` is replaced as a whole: refused if it is a file, is or contains `source` (the checkpoint), or is a
-    non-empty directory that is not a previous export unless `force` (`check_export_destination`)."""
+    non-empty directory that is not a previous export unless `force` (`check_export_destination`). `trained_on`
+    (`training_data` of the checkpoint) is kept in draftsmith.json."""
     if dialect not in ("speculators", "native"):
         raise ExportError(f"unknown dialect {dialect!r} (speculators | native)")
     check_export_destination(source, out_dir, force)
@@ -272,6 +274,7 @@ def export_eagle3(
                     "dialect": dialect,
                     "verifier": verifier,
                     "head_config": {**cfg.to_dict(), "fc_outlier_ratio": 0.0},  # its scale is in fc.weight now
+                    **({"trained_on": trained_on} if trained_on else {}),
                 },
                 indent=2,
             )

@@ -430,3 +430,54 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path, ca
     assert fit_main([*argv, "--k", "2"]) == 0  # one k per file: the T=1 policy fitted at k=3 goes
     assert "policy for temperature 1 in" in capsys.readouterr().out
     assert HybridPolicies.load(head).temperatures == [0.0] and HybridPolicies.load(head).k == 2
+
+
+def test_fit_data_defaults_to_conversations_the_head_did_not_train_on(tiny_target_dir, tmp_path, capsys):
+    """Without --data the fit reads the head's own training data after the conversations it trained on (from its
+    run's config.yaml, or the export's draftsmith.json); --data over those training conversations warns."""
+    import yaml
+    from test_matrix import tiny_head_run
+
+    from draftsmith.cli import main as cli
+    from draftsmith.errors import ConfigError
+    from draftsmith.eval.hybrid import fit_data
+    from draftsmith.eval.hybrid import main as fit_main
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in TRAIN + [{"prompt": "Name two even numbers: two, four."}]))
+    run = tiny_head_run(tmp_path / "run", tiny_target_dir)
+    with pytest.raises(ConfigError, match="does not record what it was trained on: give --data"):
+        fit_data(run, None, None)
+    config = {"data": {"path": str(data), "num_conversations": 2}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    exported = tmp_path / "exported"
+    assert cli(["export", "--format", "vllm", str(run), str(exported)]) == 0
+    capsys.readouterr()
+    assert json.loads((exported / "draftsmith.json").read_text())["trained_on"] == {
+        "data": str(data),
+        "conversations": 2,
+    }
+    for head in (run, exported):
+        lines = []
+        assert fit_data(head, None, None, lines.append) == (str(data), 2)
+        assert "trained on the first 2 conversations" in lines[0]
+        lines = []
+        assert fit_data(head, str(data), None, lines.append) == (str(data), 0)
+        assert "warning" in lines[0] and "--skip 2" in lines[0]
+        lines = []
+        assert fit_data(head, str(data), 2, lines.append) == (str(data), 2) and lines == []
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": {"path": "regen:sharegpt", "num_conversations": 2000}}))
+    assert fit_data(run, None, None, lambda _: None) == ("sharegpt", 2000)  # regen:SOURCE trains on SOURCE's turns
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": {"path": str(data), "num_conversations": None}}))
+    with pytest.raises(ConfigError, match="trained on all of"):
+        fit_data(run, None, None)
+    # end to end: the default fits on the conversations after the head's two, as --data FILE --skip 2 does
+    common = ["--target", str(tiny_target_dir), "--max-tokens", "16", "--num-conversations", "2", "--backend", "hf"]
+    assert fit_main([*common, "--head", str(exported)]) == 0
+    by_default = HybridPolicies.load(exported).for_temperature(0).fitted_on
+    assert f"2 first turns of {data}" in capsys.readouterr().out
+    assert fit_main([*common, "--head", str(exported), "--data", str(data), "--skip", "2"]) == 0
+    explicit = HybridPolicies.load(exported).for_temperature(0).fitted_on
+    assert by_default["prompt_keys"] == explicit["prompt_keys"] and len(explicit["prompt_keys"]) == 2
+    assert fit_main([*common, "--head", str(exported), "--data", str(data)]) == 0  # the first two: others
+    assert HybridPolicies.load(exported).for_temperature(0).fitted_on["prompt_keys"] != explicit["prompt_keys"]

@@ -308,6 +308,29 @@ def read_head(path: str | os.PathLike):
     return family, meta["config"], state, meta.get("metrics") or {}
 
 
+def training_data(path: str | os.PathLike) -> dict | None:
+    """What a head trained on, as `{"data": data.path, "conversations": data.num_conversations}` (None: all of it):
+    an exported head's record (`trained_on` in draftsmith.json), or the config.yaml of the run a checkpoint (or
+    run dir) belongs to; None when neither says. Training reads the first `conversations` of `data`, so the
+    conversations after them are ones the head never saw (fit-hybrid's default)."""
+    import yaml
+
+    path = Path(path)
+    if (path / "draftsmith.json").is_file():
+        return json.loads((path / "draftsmith.json").read_text()).get("trained_on")
+    try:
+        ckpt = resolve_checkpoint(path)
+    except CheckpointError:
+        return None
+    config = ckpt.parent.parent / "config.yaml"  # RUN/checkpoints/step_N -> RUN/config.yaml
+    if not config.is_file():
+        return None
+    data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+    if not data.get("path"):
+        return None
+    return {"data": str(data["path"]), "conversations": data.get("num_conversations")}
+
+
 def head_from_state(family, config: dict, state: dict[str, torch.Tensor], where):
     """The family's module built from `config` with `state` loaded (fp32); every tensor it trains must be there.
 

@@ -47,7 +47,8 @@ class Family:
     objective: Ref  # objective(cfg.head): the target features the loss needs, and the loss (train/objective.py)
     fields: tuple[str, ...]  # target features stored per token in shards, beside input_ids and loss_mask
     target_problems: Ref  # target_problems(config dict, target HF config) -> ["key head=x target=y", ...]
-    exporter: Ref  # exporter(state, config, out, verifier=, dtype=, target_config=, source=, force=, **options)
+    # exporter(state, config, out, verifier=, dtype=, target_config=, source=, force=, trained_on=, **options)
+    exporter: Ref
     export_options: tuple[str, ...]  # the `draftsmith export` options its exporter takes (dialect, k)
     read_export: Ref  # read_export(exported dir) -> (config dict, tensors under the checkpoint keys)
     drafter: Ref  # drafter(head, draft_sampling=, name=): the reference decoder's (eval/reference_decoder.py)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -442,8 +443,7 @@ def fit_data(head_dir: str | Path, data: str | None, skip: int | None, log=print
 
     trained = training_data(head_dir) or {}
     source = trained.get("data")
-    if source and source.startswith("regen:"):
-        source = source[len("regen:") :]
+    source = source.removeprefix("regen:") if source else None
     n = trained.get("conversations")
     if data is None:
         if not source:
@@ -526,19 +526,14 @@ def fit_hybrid(
     if exclude:  # e.g. a run's heldout_prompts.jsonl: those first turns never reach the fit
         banned = {prompt_key(p) for p in render_prompts(tokenizer, load_prompts(exclude))}
         log(f"fit-hybrid: {len(banned)} prompts of {exclude} excluded")
-    limit = skip + num_conversations + len(banned)  # enough unless the data repeats an excluded prompt
-    while True:
-        records = first_turns(str(data), limit)
-        prompts = []
-        for rec in records[skip:]:
-            (ids,) = render_prompts(tokenizer, [rec])  # one at a time: only as many as the fit takes are rendered
-            if prompt_key(ids) not in banned:
-                prompts.append(ids)
-                if len(prompts) == num_conversations:
-                    break
-        if len(prompts) == num_conversations or limit is None or len(records) < limit:
-            break
-        limit = None  # short of conversations and the data has more: read all of it
+    prompts = []
+    turns = first_turns(str(data), None if banned else skip + num_conversations)  # read as far as the fit takes
+    for rec in itertools.islice(turns, skip, None):
+        (ids,) = render_prompts(tokenizer, [rec])  # one at a time: only as many as the fit takes are rendered
+        if prompt_key(ids) not in banned:
+            prompts.append(ids)
+            if len(prompts) == num_conversations:
+                break
     if not prompts:
         raise ValueError(f"{data}: no conversations to fit on (skip={skip})")
     how = "greedily" if temperature == 0 else f"at temperature {temperature:g} (seed {seed})"

@@ -11,11 +11,13 @@ One record per line, any of:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from draftsmith.errors import DraftsmithError
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
+PROMPT_KEYS = ("messages", "prompt", "turns", "question")  # the record shapes above, in the order they are tried
 
 
 class PromptFileError(DraftsmithError, ValueError):
@@ -47,7 +49,7 @@ def _messages(record: dict) -> list[dict]:
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
             raise ValueError("'turns' must be a non-empty list of strings")
         return [{"role": "user", "content": turns[0]}]
-    raise ValueError("expected one of the keys 'messages', 'prompt', 'turns', 'question'")
+    raise ValueError(f"expected one of the keys {', '.join(repr(k) for k in PROMPT_KEYS)}")
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
@@ -85,8 +87,9 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
     return prompts
 
 
-def first_turns(data: str, limit: int | None = None) -> list[dict]:
-    """The first user turn (after any system message) of each conversation in `data`, as `load_prompts` records.
+def first_turns(data: str, limit: int | None = None) -> Iterator[dict]:
+    """The first user turn (after any system message) of each conversation in `data`, as `load_prompts` records,
+    read as they are consumed (a training file stops being read once the caller has enough).
 
     `data` is what training reads (`sharegpt`, a ShareGPT-style .json array, hf:NAME, a saved dataset dir; those go
     through the training reader, so the N-th conversation is the one training counts as N-th) or a prompt JSONL
@@ -95,13 +98,12 @@ def first_turns(data: str, limit: int | None = None) -> list[dict]:
 
     p = resolve_path(data) if not data.startswith("hf:") else None
     if p is not None and p.is_file() and first_char(p) == "{" and _prompt_shaped(p):
-        records = load_prompts(p, limit)
+        records = iter(load_prompts(p, limit))
     else:
-        records = [{"messages": c.messages, "id": c.id} for c in read_conversations(data, limit)]
+        records = ({"messages": c.messages, "id": c.id} for c in read_conversations(data, limit))
     for r in records:
         first = next(i for i, m in enumerate(r["messages"]) if m["role"] == "user")
-        r["messages"] = r["messages"][: first + 1]
-    return records
+        yield {**r, "messages": r["messages"][: first + 1]}
 
 
 def _prompt_shaped(path: Path) -> bool:
@@ -113,9 +115,7 @@ def _prompt_shaped(path: Path) -> bool:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     return True  # load_prompts names the file and line
-                return not isinstance(record, dict) or any(
-                    k in record for k in ("messages", "prompt", "turns", "question")
-                )
+                return not isinstance(record, dict) or any(k in record for k in PROMPT_KEYS)
     return True
 
 

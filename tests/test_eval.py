@@ -126,10 +126,10 @@ def test_first_turns_read_training_data_and_prompt_files(tmp_path):
     ]
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [json.dumps({"messages": chat}), json.dumps({"prompt": "P"})])
     assert [r["messages"] for r in first_turns(str(prompts))] == [chat[:1], [{"role": "user", "content": "P"}]]
-    embedded = first_turns("sharegpt", 2)  # the embedded ShareGPT file, as the preset's data reads it
+    embedded = list(first_turns("sharegpt", 2))  # the embedded ShareGPT file, as the preset's data reads it
     assert [r["id"] for r in embedded][0] == "QWJhYvA_0" and all(len(r["messages"]) == 1 for r in embedded)
     with pytest.raises(PromptFileError, match="prompts.jsonl:2"):
-        first_turns(str(write_jsonl(tmp_path / "prompts.jsonl", [json.dumps({"prompt": "P"}), "{oops"])))
+        list(first_turns(str(write_jsonl(tmp_path / "prompts.jsonl", [json.dumps({"prompt": "P"}), "{oops"]))))
 
 
 @pytest.mark.parametrize("name, n", [("spec_bench_questions.jsonl", 480), ("gsm8k_test.jsonl", 1319)])

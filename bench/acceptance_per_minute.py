@@ -65,6 +65,10 @@ LEVERS = {
         "twice the regenerated data: 2,000 first turns (1,830 kept)",
         ["data.path=regen:sharegpt", "data.num_conversations=2000", "data.heldout=128"],
     ),
+    "conv4000": (
+        "twice the preset's regenerated data: 4,000 first turns (3,738 asked; prompts over 1,024 tokens skipped)",
+        ["data.path=regen:sharegpt", "data.num_conversations=4000", "data.heldout=128"],
+    ),
     "offline": (
         "features extracted once before training (draftsmith extract; every training minute head-only)",
         ["data.features=offline", "data.features_dtype=bf16", "data.features_dir={features}"],

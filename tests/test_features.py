@@ -203,3 +203,88 @@ def test_stream_disk_count_tolerates_a_shard_deleted_while_counting(tmp_path, mo
     listed = [tmp_path / "kept.safetensors", gone, tmp_path / "sub"]
     monkeypatch.setattr(Path, "iterdir", lambda self: iter(listed))
     assert _dir_bytes(tmp_path) == 10
+
+
+def test_regenerate_later_turns_follow_the_targets_own_answers(tiny_target_dir, tmp_path, monkeypatch):
+    """--turns N asks turn r after the target's own answers to turns 1..r-1; the pool keeps one record per id (the
+    last line wins), first answers equal a --turns 1 run's, and a view cuts records back to its regen_turns."""
+    from omegaconf import OmegaConf
+
+    import draftsmith.train.data.regenerate as regen_mod
+    from draftsmith.train.build import regenerated_path
+    from draftsmith.train.data.conversations import read_conversations
+    from draftsmith.train.data.regenerate import load_done, regenerate, truncate_turns
+
+    original = "An original answer the target never wrote."
+    src, out = tmp_path / "src.jsonl", tmp_path / "regen.jsonl"
+    convs = []
+    for i, n in enumerate([1, 2, 3, 3]):  # user turns per conversation
+        turns = []
+        for t in range(n):
+            ask = {"from": "human", "value": f"Turn {t + 1} of talk {i}: name a colour."}
+            turns += [ask, {"from": "gpt", "value": original}]
+        convs.append({"id": f"c{i}", "conversations": turns})
+    src.write_text("".join(json.dumps(c) + "\n" for c in convs))
+
+    one = regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=4, backend="hf")
+    firsts = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert one["generated"] == 4 and set(firsts) == {"c0", "c1", "c2", "c3"}
+
+    # turn 2 of c1..c3, then a kill mid-append of turn 3: the torn line is dropped and only that answer redone
+    two = regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=4, backend="hf", turns=2)
+    assert two["resumed_with"] == 4 and two["generated"] == 3
+    three = regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=4, backend="hf", turns=3, batch_size=1)
+    assert three["generated"] == 2
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])
+    again = regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=4, backend="hf", turns=3)
+    assert again["generated"] == 1
+
+    done = load_done(out)
+    assert len(out.read_text().splitlines()) == 4  # one line per id after the rewrite, in first-seen order
+    assert list(done) == ["c0", "c1", "c2", "c3"]
+    for i, n in enumerate([1, 2, 3, 3]):
+        rec = done[f"c{i}"]
+        users = [m["content"] for m in rec["messages"] if m["role"] == "user"]
+        answers = [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
+        assert users == [f"Turn {t + 1} of talk {i}: name a colour." for t in range(n)]
+        assert len(answers) == n and original not in answers
+        assert len(rec.get("later_turns", [])) == n - 1
+        assert truncate_turns(rec, 1) == firsts[f"c{i}"]  # the first answer is the one a --turns 1 run wrote
+        assert rec["messages"][0] == firsts[f"c{i}"]["messages"][0]
+
+    # a later turn whose prompt (the target's earlier answers included) is over the cap is not asked
+    capped = regenerate(
+        str(tiny_target_dir),
+        str(src),
+        str(tmp_path / "capped.jsonl"),
+        max_tokens=4,
+        backend="hf",
+        turns=3,
+        max_prompt_tokens=len(firsts["c1"]["messages"][0]["content"]) + 30,
+    )
+    assert capped["later_too_long"] > 0
+
+    # the training data's view: regen_turns answers per record, read like any dataset
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(regen_mod, "resolve_backend", lambda backend: "hf")
+
+    def view(turns):
+        cfg = OmegaConf.create(
+            {
+                "path": f"regen:{src}",
+                "num_conversations": None,
+                "regen_max_tokens": 4,
+                "regen_temperature": 0.0,
+                "seed": 0,
+                "regen_turns": turns,
+            }
+        )
+        return regenerated_path(cfg, str(tiny_target_dir))
+
+    two_view, one_view = view(2), view(1)
+    assert two_view != one_view
+    per_conv = [sum(m["role"] == "assistant" for m in json.loads(x)["messages"]) for x in open(two_view)]
+    assert per_conv == [1, 2, 2, 2]
+    assert [sum(m["role"] == "assistant" for m in json.loads(x)["messages"]) for x in open(one_view)] == [1] * 4
+    assert len(list(read_conversations(two_view))) == 4

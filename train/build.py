@@ -169,32 +169,40 @@ def warm_start(head: Eagle3Head, target: Target) -> None:
 
 
 def regenerated_path(data_cfg, target_path: str) -> str:
-    """For data.path=regen:SOURCE, the JSONL of SOURCE's first turns re-answered by the target (made once,
-    cached under the draftsmith cache; a killed run resumes it).
+    """For data.path=regen:SOURCE, the JSONL of SOURCE's user turns re-answered by the target (the first
+    `data.regen_turns` of each conversation), made once, cached under the draftsmith cache; a killed run resumes it.
 
     The answers live in one pool per (target, source, length cap, temperature, seed): raising
-    `num_conversations` generates only the turns not answered yet. Each size gets its own view, the pool's
-    records of SOURCE's first `num_conversations` conversations in source order, so the data (and its
-    held-out split) for a size never depends on what larger sizes were made before."""
+    `num_conversations` or `regen_turns` generates only the turns not answered yet. Each size gets its own view,
+    the pool's records of SOURCE's first `num_conversations` conversations in source order, each cut back to its
+    first `regen_turns` answers, so the data (and its held-out split) for a size never depends on what larger sizes
+    were made before."""
     import hashlib
 
-    from draftsmith.train.data.regenerate import regenerate
+    from draftsmith.train.data.regenerate import load_done, regenerate, truncate_turns
 
     source = data_cfg.path[len("regen:") :]
     key = json.dumps([str(target_path), source, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed])
     pool = cache_dir() / "regen" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".jsonl")
     n = data_cfg.num_conversations
-    view = pool.with_name(pool.stem + (f".first{n}" if n is not None else ".all") + ".jsonl")
+    turns = int(data_cfg.get("regen_turns", 1))
+    name = pool.stem + (f".first{n}" if n is not None else ".all") + (f".turns{turns}" if turns > 1 else "")
+    view = pool.with_name(name + ".jsonl")
     if (view.parent / (view.name + ".complete")).is_file():
         return str(view)
-    wanted = set(
-        regenerate(
-            str(target_path), source, str(pool), n, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed
-        )["ids"]
+    stats = regenerate(
+        str(target_path),
+        source,
+        str(pool),
+        n,
+        data_cfg.regen_max_tokens,
+        data_cfg.regen_temperature,
+        data_cfg.seed,
+        turns=turns,
     )
-    with open(pool, "rb") as f:
-        lines = [line for line in f if json.loads(line)["id"] in wanted]
-    atomic_write(view, b"".join(lines))
+    records = load_done(pool)  # the last line of each id: its answers so far
+    lines = [json.dumps(truncate_turns(records[i], turns), ensure_ascii=False) + "\n" for i in stats["ids"]]
+    atomic_write(view, "".join(lines).encode())
     (view.parent / (view.name + ".complete")).touch()
     return str(view)
 

@@ -86,6 +86,7 @@ class DataConfig:
     supervise: str = "assistant"
     regen_max_tokens: int = 256  # regen: answer length cap
     regen_temperature: float = 0.0  # regen: 0 = greedy, what greedy serving sees
+    regen_turns: int = 1  # regen: user turns answered per conversation, each after the target's own answers
 
 
 @dataclass
@@ -222,6 +223,7 @@ def config_problems(cfg) -> list[str]:
     need("data.max_batch_size", lambda v: v >= 1, "samples per batch, >= 1")
     need("data.regen_max_tokens", lambda v: v >= 1, "answer length cap, >= 1")
     need("data.regen_temperature", lambda v: v >= 0, "0 (greedy) or a sampling temperature > 0")
+    need("data.regen_turns", lambda v: v >= 1, "user turns answered per conversation, >= 1")
     if get("data.max_disk") is not None:
         from draftsmith.train.features.shards import parse_size
 

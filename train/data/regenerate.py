@@ -1,4 +1,4 @@
-"""Re-answer a dataset's first user turns with the target itself.
+"""Re-answer a dataset's user turns with the target itself: the first, or the first N (`--turns`).
 
 A head learns what the target will say, not what some other model once said: trained on the target's
 own answers, the draft sees at training time the token stream it will be asked to continue when
@@ -6,6 +6,13 @@ serving. The output is a JSONL of conversations (`{"id", "messages", ...}`) that
 like any other dataset; ids are kept, so the held-out split (by id) is the same as the source's.
 
     draftsmith regenerate --target smollm2 --data sharegpt --out regen.jsonl --num-conversations 2000
+    draftsmith regenerate ... --turns 3     # also the 2nd and 3rd user turns, each after the target's own answers
+
+With `--turns N` a conversation's turn r is asked after the target's own answers to turns 1..r-1 (the source's
+answers are never shown), for every conversation whose source has an r-th user turn and whose prompt stays within
+`--max-prompt-tokens`; turn r of all conversations is one batched round. The file is one pool for every N: a
+record gains a line per answered turn (the last line of an id wins), its first answer is the same as with
+`--turns 1`, and `truncate_turns` cuts a record back to its first answers.
 
 Generation runs in vLLM (a child process, batched) when it is installed, else with the HF target.
 Every finished batch is appended and fsynced at once; a killed run resumes where it stopped, and a
@@ -33,7 +40,8 @@ SETTINGS = ("target", "data", "max_tokens", "temperature", "seed", "max_prompt_t
 
 
 def first_turns(data: str, limit: int | None, tokenizer, max_prompt_tokens: int) -> tuple[list[dict], int]:
-    """[{id, messages (up to the first answer), prompt_ids}] and how many were too long to keep."""
+    """[{id, messages (up to the first answer), prompt_ids, source (the whole conversation)}] and how many were
+    too long to keep."""
     out, too_long = [], 0
     for conv in read_conversations(data, limit):
         k = next(i for i, m in enumerate(conv.messages) if m["role"] == "assistant")
@@ -41,25 +49,58 @@ def first_turns(data: str, limit: int | None, tokenizer, max_prompt_tokens: int)
         if len(ids) > max_prompt_tokens:
             too_long += 1
             continue
-        out.append({"id": conv.id, "messages": conv.messages[:k], "prompt_ids": ids})
+        out.append({"id": conv.id, "messages": conv.messages[:k], "prompt_ids": ids, "source": conv.messages})
     return out, too_long
 
 
+def answered(messages: list[dict]) -> int:
+    """How many answers a record holds."""
+    return sum(m["role"] == "assistant" for m in messages)
+
+
+def next_turn(messages: list[dict], source: list[dict]) -> list[dict] | None:
+    """The messages that ask for the next answer: `messages` (the source's turns so far with the target's
+    answers) plus the source's messages after its matching answer up to its next one, or None when the source
+    has no further user turn."""
+    n = answered(messages)
+    at = [i for i, m in enumerate(source) if m["role"] == "assistant"]
+    if len(at) < n:
+        return None
+    end = at[n] if len(at) > n else len(source)
+    ask = source[at[n - 1] + 1 : end]
+    return messages + ask if any(m["role"] == "user" for m in ask) else None
+
+
+def truncate_turns(record: dict, turns: int) -> dict:
+    """`record` cut back to its first `turns` answers (and their per-turn counts)."""
+    if answered(record["messages"]) <= turns:
+        return record
+    at = [i for i, m in enumerate(record["messages"]) if m["role"] == "assistant"]
+    out = dict(record, messages=record["messages"][: at[turns - 1] + 1])
+    later = record.get("later_turns", [])[: turns - 1]
+    if later:
+        out["later_turns"] = later
+    else:
+        out.pop("later_turns", None)
+    return out
+
+
 def load_done(out: Path) -> dict[str, dict]:
-    """Records already written; rewrites the file without a torn last line (a kill mid-append)."""
+    """Records already written, the last line of each id (a later turn supersedes the record before it); rewrites
+    the file as those lines in first-seen order, without a torn last line (a kill mid-append)."""
     if not out.is_file():
         return {}
-    done, good = {}, []
+    done, lines = {}, {}
     with open(out, "rb") as f:
         for line in f:
             try:
                 rec = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue  # only a kill mid-write leaves one; it is regenerated
-            if isinstance(rec, dict) and "id" in rec and rec["id"] not in done:
+            if isinstance(rec, dict) and "id" in rec:
                 done[rec["id"]] = rec
-                good.append(line if line.endswith(b"\n") else line + b"\n")
-    atomic_write(out, b"".join(good))
+                lines[rec["id"]] = line if line.endswith(b"\n") else line + b"\n"
+    atomic_write(out, b"".join(lines.values()))
     return done
 
 
@@ -84,8 +125,11 @@ def regenerate(
     backend: str = "auto",
     threads: int | None = None,
     kv_cache_gib: int = 2,
+    turns: int = 1,
 ) -> dict:
     """Write (or finish writing) `out`; returns counts, generation speed and the ids of the prompts asked for.
+    `turns`: answer each conversation's first `turns` user turns (see the module doc); the settings that make a
+    pool (SETTINGS) do not include it, so asking for more turns later extends the same file.
 
     With vLLM, one engine with `threads` OpenMP threads (None: every core) answers `batch_size` prompts per call:
     on 2 cores, 2 threads ran 1.71x one thread, and two one-thread engines side by side no faster than that
@@ -121,20 +165,36 @@ def regenerate(
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     prompts, too_long = first_turns(data, num_conversations, tokenizer, max_prompt_tokens)
     done = load_done(out_path)
+    resumed = len(done)
     todo = [p for p in prompts if p["id"] not in done]
     print(
         f"regenerate: {len(prompts)} first turns from {data} ({too_long} prompts over {max_prompt_tokens} tokens "
         f"skipped), {len(done)} already in {out_path}, {len(todo)} to go, backend {backend}",
         flush=True,
     )
-    new_tokens, t0 = 0, time.perf_counter()
-    if todo:
-        threads = threads or default_threads()
-        kw = (
-            {"threads": threads, "kv_cache_gib": kv_cache_gib, "log_path": str(out_path) + ".log"}
-            if backend == "vllm"
-            else {}
-        )
+    threads = threads or default_threads()
+    kw = {}
+    if backend == "vllm":
+        kw = {"threads": threads, "kv_cache_gib": kv_cache_gib, "log_path": str(out_path) + ".log"}
+    new_tokens, generated, later_too_long, t0 = 0, 0, 0, time.perf_counter()
+    for turn in range(1, turns + 1):
+        if turn > 1:  # the conversations answered up to the turn before, with a further user turn
+            todo = []
+            for p in prompts:
+                rec = done.get(p["id"])
+                if rec is None or answered(rec["messages"]) != turn - 1:
+                    continue
+                ask = next_turn(rec["messages"], p["source"])
+                if ask is None:
+                    continue
+                ids = render_prompt(tokenizer, ask)
+                if len(ids) > max_prompt_tokens:
+                    later_too_long += 1
+                    continue
+                todo.append({"id": p["id"], "messages": ask, "prompt_ids": ids, "record": rec})
+            print(f"regenerate: turn {turn}: {len(todo)} to go", flush=True)
+        if not todo:
+            continue
         batches = iter_generate(
             target_path,
             [p["prompt_ids"] for p in todo],
@@ -145,21 +205,22 @@ def regenerate(
             batch_size=batch_size,
             **kw,
         )
-        bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True)
+        bar = tqdm(total=len(todo), desc=f"regenerate turn {turn}", unit="prompt", dynamic_ncols=True)
         for start, token_ids, finish in batches:
             records = []
             for p, ids, why in zip(todo[start : start + len(token_ids)], token_ids, finish):
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-                records.append(
-                    {
-                        "id": p["id"],
-                        "messages": p["messages"] + [{"role": "assistant", "content": text}],
-                        "answer_tokens": len(ids),
-                        "finish_reason": why,
-                    }
-                )
+                messages = p["messages"] + [{"role": "assistant", "content": text}]
+                if turn == 1:
+                    rec = {"id": p["id"], "messages": messages, "answer_tokens": len(ids), "finish_reason": why}
+                else:
+                    later = p["record"].get("later_turns", []) + [{"answer_tokens": len(ids), "finish_reason": why}]
+                    rec = dict(p["record"], messages=messages, later_turns=later)
+                records.append(rec)
+                done[p["id"]] = rec
                 new_tokens += len(ids)
             _append(out_path, records)
+            generated += len(records)
             bar.update(len(records))
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.0f}")
         bar.close()
@@ -167,11 +228,12 @@ def regenerate(
     stats = {
         "prompts": len(prompts),
         "too_long": too_long,
-        "resumed_with": len(done),
-        "generated": len(todo),
+        "resumed_with": resumed,
+        "generated": generated,
+        "later_too_long": later_too_long,
         "new_tokens": new_tokens,
         "seconds": seconds,
-        "tokens_per_s": new_tokens / seconds if todo else None,
+        "tokens_per_s": new_tokens / seconds if generated else None,
         "backend": backend,
         "threads": threads if backend == "vllm" else None,
         "batch_size": batch_size,
@@ -179,7 +241,7 @@ def regenerate(
         "ids": [p["id"] for p in prompts],
     }
     print(
-        f"regenerate: {len(todo)} answers, {new_tokens} tokens in {seconds:.0f} s "
+        f"regenerate: {generated} answers, {new_tokens} tokens in {seconds:.0f} s "
         f"({stats['tokens_per_s'] or 0:.0f} tok/s) -> {out_path}",
         flush=True,
     )
@@ -199,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=64, help="prompts per generate() call (and per saved chunk)")
     ap.add_argument("--backend", default="auto", choices=["auto", "vllm", "hf"])
     ap.add_argument("--threads", type=int, default=None, help="OMP threads of the vLLM engine (default: every core)")
+    ap.add_argument(
+        "--turns", type=int, default=1, help="user turns answered per conversation, each after the target's own answers"
+    )
     a = ap.parse_args(argv)
+    if a.turns < 1:
+        ap.error(f"--turns must be >= 1, got {a.turns}")
     regenerate(
         a.target,
         a.data,
@@ -212,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         a.batch_size,
         a.backend,
         a.threads,
+        turns=a.turns,
     )
     return 0
 

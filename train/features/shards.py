@@ -149,6 +149,8 @@ def data_config_summary(cfg) -> dict:
         for k in ("path", "num_conversations", "heldout", "max_length", "seed", "regen_max_tokens", "regen_temperature")
     }
     out["path"] = str(out["path"])
+    if d.get("regen_turns", 1) != 1:
+        out["regen_turns"] = d.get("regen_turns")
     if families.get(cfg.head.family).stage2:  # which stage picks the samples (stage 2: the target's continuations)
         out["head.stage"] = cfg.head.stage
         if cfg.head.stage == 2:

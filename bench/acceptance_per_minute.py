@@ -69,6 +69,10 @@ LEVERS = {
         "twice the preset's regenerated data: 4,000 first turns (3,738 asked; prompts over 1,024 tokens skipped)",
         ["data.path=regen:sharegpt", "data.num_conversations=4000", "data.heldout=128"],
     ),
+    "turns2": (
+        "the second user turn too, asked after the target's own first answer (data.regen_turns=2)",
+        ["data.regen_turns=2"],
+    ),
     "offline": (
         "features extracted once before training (draftsmith extract; every training minute head-only)",
         ["data.features=offline", "data.features_dtype=bf16", "data.features_dir={features}"],

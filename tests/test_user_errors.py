@@ -303,7 +303,7 @@ def test_resume_drops_metrics_lines_past_the_checkpoint(tmp_path):
 def test_quickstart_banner_follows_the_overrides():
     from draftsmith.quickstart import training_plan
 
-    assert training_plan(["conf=eagle3_smollm2"]).startswith("the target re-answers the first turns of 2,000 sharegpt")
+    assert training_plan(["conf=eagle3_smollm2"]).startswith("the target re-answers the first turns of 4,000 sharegpt")
     text = training_plan(["conf=eagle3_smollm2", "data.num_conversations=300", "optim.max_minutes=12"])
     assert "300 sharegpt conversations" in text and "12 minutes" in text
     with pytest.raises(ConfigError, match="data.num_conversations=0"):

@@ -179,7 +179,7 @@ def regenerated_path(data_cfg, target_path: str) -> str:
     were made before."""
     import hashlib
 
-    from draftsmith.train.data.regenerate import load_done, regenerate, truncate_turns
+    from draftsmith.train.data.regenerate import read_pool, regenerate, truncate_turns
 
     source = data_cfg.path[len("regen:") :]
     key = json.dumps([str(target_path), source, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed])
@@ -200,7 +200,7 @@ def regenerated_path(data_cfg, target_path: str) -> str:
         data_cfg.seed,
         turns=turns,
     )
-    records = load_done(pool)  # the last line of each id: its answers so far
+    records, _ = read_pool(pool)  # the last line of each id: its answers so far (regenerate left the file clean)
     lines = [json.dumps(truncate_turns(records[i], turns), ensure_ascii=False) + "\n" for i in stats["ids"]]
     atomic_write(view, "".join(lines).encode())
     (view.parent / (view.name + ".complete")).touch()

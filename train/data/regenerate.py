@@ -53,17 +53,17 @@ def first_turns(data: str, limit: int | None, tokenizer, max_prompt_tokens: int)
     return out, too_long
 
 
-def answered(messages: list[dict]) -> int:
-    """How many answers a record holds."""
-    return sum(m["role"] == "assistant" for m in messages)
+def answer_positions(messages: list[dict]) -> list[int]:
+    """Indices of the answers (assistant messages) in `messages`."""
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant"]
 
 
 def next_turn(messages: list[dict], source: list[dict]) -> list[dict] | None:
     """The messages that ask for the next answer: `messages` (the source's turns so far with the target's
     answers) plus the source's messages after its matching answer up to its next one, or None when the source
     has no further user turn."""
-    n = answered(messages)
-    at = [i for i, m in enumerate(source) if m["role"] == "assistant"]
+    n = len(answer_positions(messages))
+    at = answer_positions(source)
     if len(at) < n:
         return None
     end = at[n] if len(at) > n else len(source)
@@ -73,9 +73,9 @@ def next_turn(messages: list[dict], source: list[dict]) -> list[dict] | None:
 
 def truncate_turns(record: dict, turns: int) -> dict:
     """`record` cut back to its first `turns` answers (and their per-turn counts)."""
-    if answered(record["messages"]) <= turns:
+    at = answer_positions(record["messages"])
+    if len(at) <= turns:
         return record
-    at = [i for i, m in enumerate(record["messages"]) if m["role"] == "assistant"]
     out = dict(record, messages=record["messages"][: at[turns - 1] + 1])
     later = record.get("later_turns", [])[: turns - 1]
     if later:
@@ -85,12 +85,12 @@ def truncate_turns(record: dict, turns: int) -> dict:
     return out
 
 
-def load_done(out: Path) -> dict[str, dict]:
-    """Records already written, the last line of each id (a later turn supersedes the record before it); rewrites
-    the file as those lines in first-seen order, without a torn last line (a kill mid-append)."""
-    if not out.is_file():
-        return {}
+def read_pool(out: Path) -> tuple[dict[str, dict], dict[str, bytes]]:
+    """The records written to `out` and their lines, the last line of each id (a later turn supersedes the record
+    before it), in first-seen order; a torn line (a kill mid-append) is skipped. Reads only."""
     done, lines = {}, {}
+    if not out.is_file():
+        return done, lines
     with open(out, "rb") as f:
         for line in f:
             try:
@@ -100,6 +100,15 @@ def load_done(out: Path) -> dict[str, dict]:
             if isinstance(rec, dict) and "id" in rec:
                 done[rec["id"]] = rec
                 lines[rec["id"]] = line if line.endswith(b"\n") else line + b"\n"
+    return done, lines
+
+
+def load_done(out: Path) -> dict[str, dict]:
+    """`read_pool`'s records, after rewriting the file as their lines (one per id, no torn line), so that appends
+    resume on a clean file."""
+    if not out.is_file():
+        return {}
+    done, lines = read_pool(out)
     atomic_write(out, b"".join(lines.values()))
     return done
 
@@ -182,7 +191,7 @@ def regenerate(
             todo = []
             for p in prompts:
                 rec = done.get(p["id"])
-                if rec is None or answered(rec["messages"]) != turn - 1:
+                if rec is None or len(answer_positions(rec["messages"])) != turn - 1:
                     continue
                 ask = next_turn(rec["messages"], p["source"])
                 if ask is None:

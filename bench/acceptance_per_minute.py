@@ -96,6 +96,8 @@ LEVERS = {
         "the target's own answers to the same 200 conversations' first turns (eq200's split kept)",
         ["data.path=regen:{eqsource}", "data.num_conversations=null"],
     ),
+    "layers2": ("two draft decoder layers (the second a plain Llama layer on H)", ["head.num_layers=2"]),
+    "ffn3072": ("twice the draft layer's MLP width (intermediate 3,072)", ["head.intermediate_size=3072"]),
     "nbfc": ("RMSNorm over the aux states before fc (vLLM norm_before_fc)", ["head.norm_before_fc=true"]),
     "fcnorm": ("RMSNorm per aux state before fc (vLLM fc_norm)", ["head.fc_norm=true"]),
     "outlier8": (

@@ -152,9 +152,7 @@ class Eagle3Drafter(HeadDrafter):
         self.start([])
 
     def start(self, prompt):
-        from draftsmith.train.heads.eagle3 import KVCache
-
-        self.cache = KVCache()  # the draft layer's keys/values of the committed rows
+        self.cache = self.head.kv_cache()  # the draft layers' keys/values of the committed rows
         self.last_hidden: torch.Tensor | None = None  # [1, 1, H] output of the last committed row
         self.last_pos = -1
 

@@ -2,8 +2,8 @@
 
 Two dialects:
 * speculators (default): `speculators_model_type: eagle3`, a full `transformer_layer_config`, the
-  verifier (target) recorded, tensors `layers.0.*`; `vllm serve <dir>` works from the directory alone.
-* native: `architectures: ["LlamaForCausalLMEagle3"]`, `eagle_config`, tensors `midlayer.*`.
+  verifier (target) recorded, tensors `layers.{i}.*`; `vllm serve <dir>` works from the directory alone.
+* native: `architectures: ["LlamaForCausalLMEagle3"]`, `eagle_config`, tensors `midlayer.*` (layer 0), `layers.{i}.*`.
 
 vLLM's loaders skip unknown keys silently, so every write ends with an exact key-set check.
 """
@@ -57,19 +57,21 @@ def expected_shapes(cfg: Eagle3Config, layer_prefix: str = "layers.0.") -> dict[
     if cfg.draft_vocab_size != cfg.vocab_size:
         # vLLM 0.32 builds no draft_id_to_target_id for a full-vocab head and fails to load a d2t it cannot place
         shapes.update({"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)})
-    layer = {
-        "self_attn.q_proj.weight": (cfg.num_attention_heads * hd, 2 * H),
-        "self_attn.k_proj.weight": (cfg.num_key_value_heads * hd, 2 * H),
-        "self_attn.v_proj.weight": (cfg.num_key_value_heads * hd, 2 * H),
-        "self_attn.o_proj.weight": (H, cfg.num_attention_heads * hd),
-        "mlp.gate_proj.weight": (cfg.intermediate_size, H),
-        "mlp.up_proj.weight": (cfg.intermediate_size, H),
-        "mlp.down_proj.weight": (H, cfg.intermediate_size),
-        "input_layernorm.weight": (H,),
-        "hidden_norm.weight": (H,),
-        "post_attention_layernorm.weight": (H,),
-    }
-    shapes.update({layer_prefix + k: v for k, v in layer.items()})
+    for i in range(cfg.num_layers):
+        width = 2 * H if i == 0 else H  # layer 0 reads [embeds, hidden]; later layers the running hidden
+        layer = {
+            "self_attn.q_proj.weight": (cfg.num_attention_heads * hd, width),
+            "self_attn.k_proj.weight": (cfg.num_key_value_heads * hd, width),
+            "self_attn.v_proj.weight": (cfg.num_key_value_heads * hd, width),
+            "self_attn.o_proj.weight": (H, cfg.num_attention_heads * hd),
+            "mlp.gate_proj.weight": (cfg.intermediate_size, H),
+            "mlp.up_proj.weight": (cfg.intermediate_size, H),
+            "mlp.down_proj.weight": (H, cfg.intermediate_size),
+            "input_layernorm.weight": (H,),
+            "hidden_norm.weight": (H,),  # later layers: built by vLLM, never used, but it refuses a checkpoint without
+            "post_attention_layernorm.weight": (H,),
+        }
+        shapes.update({(layer_prefix if i == 0 else f"layers.{i}.") + k: v for k, v in layer.items()})
     return shapes
 
 
@@ -86,7 +88,7 @@ def transformer_layer_config(cfg: Eagle3Config, dtype: str) -> dict:
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads,
         "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": cfg.num_layers,
         "hidden_act": cfg.hidden_act,
         "rms_norm_eps": cfg.rms_norm_eps,
         # both spellings: transformers 5 reads rope_parameters, 4.x reads rope_theta/rope_scaling and would
@@ -204,6 +206,7 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
         max_position_embeddings=layer_cfg["max_position_embeddings"],
         norm_before_fc=bool(norm_before_fc),
         fc_norm=bool(config.get("fc_norm", False)),
+        num_layers=int(layer_cfg.get("num_hidden_layers", 1)),
     )
     want = expected_shapes(cfg, prefix)
     missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
@@ -247,6 +250,8 @@ def export_eagle3(
     check_vocab_maps(state["d2t"], state["t2d"], cfg)
     if cfg.draft_vocab_size == cfg.vocab_size:  # identity map: vLLM wants no d2t/t2d for a full-vocab head
         state = {k_: v for k_, v in state.items() if k_ not in ("d2t", "t2d")}
+    for i in range(1, cfg.num_layers):  # vLLM builds hidden_norm in every layer and refuses a checkpoint without it
+        state[f"layers.{i}.hidden_norm.weight"] = torch.ones(cfg.hidden_size)
     torch_dtype = getattr(torch, dtype)
     tensors = {}
     for name, t in state.items():
@@ -289,9 +294,12 @@ def read_export(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tenso
     head's identity d2t/t2d, which export leaves out for vLLM, are put back."""
     out_dir = Path(out_dir)
     config = json.loads((out_dir / "draftsmith.json").read_text())["head_config"]
+    layers = config.get("num_layers", 1)
+    unused = {f"layers.{i}.hidden_norm.weight" for i in range(1, layers)}  # export's ones for vLLM's loader
     state = {
         ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v
         for k, v in load_file(out_dir / "model.safetensors").items()
+        if k not in unused
     }
     if "d2t" not in state and config["draft_vocab_size"] == config["vocab_size"]:
         state["d2t"] = torch.zeros(config["draft_vocab_size"], dtype=torch.long)

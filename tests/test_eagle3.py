@@ -75,11 +75,11 @@ def incremental_reference(head, aux, ids, steps):
     out = torch.zeros(steps, B, T, head.config.hidden_size)
     padded = torch.cat([ids, torch.zeros(B, steps + 1, dtype=torch.long)], dim=1)
     for j in range(T):
-        cache = []
+        cache = head.ttt_cache()
         pos = torch.arange(j + 1).expand(B, j + 1)
         h = head(padded[:, 1 : j + 2], pos, head.fuse(aux[:, : j + 1]), cache)  # step 0 on rows 0..j
         out[0, :, j] = h[:, j]
-        k0, v0 = cache[0]
+        k0, v0 = cache[0][0]
         prev = h[:, j : j + 1]
         own = []
         for s in range(1, steps):
@@ -104,13 +104,76 @@ def test_ttt_unroll_equals_incremental_decoding(tiny_model, norm_before_residual
     aux = torch.randn(B, T, 3 * 128, dtype=torch.float64)
     ref = incremental_reference(head, aux, ids, steps)
     positions = torch.arange(T).expand(B, T)
-    cache, hidden = [], head.fuse(aux)
+    cache, hidden = head.ttt_cache(), head.fuse(aux)
     from draftsmith.train.ttt.unroll import shift_left
 
     for s in range(steps):
         hidden = head(shift_left(ids, 1 + s), positions + s, hidden, cache)
         valid = T - 1 - s  # rows whose step-s token input is inside the sequence
         torch.testing.assert_close(hidden[:, :valid], ref[s][:, :valid].to(hidden.dtype))
+
+
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+def test_ttt_unroll_equals_kv_cache_decoding_for_every_depth(tiny_model, num_layers):
+    """The TTT unroll (list caches, diagonal attention) against decoding as the reference decoder and vLLM do it:
+    prefill rows 0..j into a `kv_cache()`, then draft steps on a fork, every layer keeping its own keys."""
+    from draftsmith.train.ttt.unroll import shift_left
+
+    torch.manual_seed(2)
+    head = tiny_head(tiny_model, num_layers=num_layers).double()
+    assert len(head.layers) == num_layers
+    B, T, steps = 1, 6, 3
+    ids = torch.randint(0, 128, (B, T + steps + 1))
+    aux = torch.randn(B, T, 3 * 128, dtype=torch.float64)
+    cache, hidden, unrolled = head.ttt_cache(), head.fuse(aux), []
+    for s in range(steps):
+        hidden = head(shift_left(ids[:, :T], 1 + s), torch.arange(T)[None] + s, hidden, cache)
+        unrolled.append(hidden)
+    for j in range(T - steps):
+        kv = head.kv_cache()
+        h = head(ids[:, 1 : j + 2], torch.arange(j + 1)[None], head.fuse(aux[:, : j + 1]), kv)[:, -1:]
+        assert len(kv) == j + 1
+        drafts = kv.fork()
+        torch.testing.assert_close(h[:, 0], unrolled[0][:, j])
+        for s in range(1, steps):
+            h = head(ids[:, j + 1 + s : j + 2 + s], torch.tensor([[j + s]]), h, drafts)
+            torch.testing.assert_close(h[:, 0], unrolled[s][:, j])
+        assert len(kv) == j + 1 and len(drafts) == j + steps  # the drafts never reach the committed cache
+    with pytest.raises(ValueError, match="cache holds 1 layers"):
+        if num_layers > 1:
+            head(ids[:, :2], torch.arange(2)[None], head.fuse(aux[:, :2]), [[]])
+        else:
+            raise ValueError("cache holds 1 layers")  # one layer: every cache fits, nothing to refuse
+
+
+@pytest.mark.parametrize("dialect", ["speculators", "native"])
+def test_two_layer_head_exports_as_vllm_builds_it_and_reads_back(tiny_model, tmp_path, dialect):
+    """vLLM's multi-layer eagle3 drafter: num_hidden_layers 2, layer 1's projections on H, and a hidden_norm in
+    every layer (vLLM builds one and refuses a checkpoint without it; export writes ones, read_export drops them)."""
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.export.vllm import ExportError, export_eagle3, read_export, validate_export
+
+    head = tiny_head(tiny_model, num_layers=2)
+    assert not hasattr(head.layers[1], "hidden_norm")
+    out = export_eagle3(head.trainable_state_dict(), head.config, tmp_path / "x", verifier="tiny", dialect=dialect, k=3)
+    config = validate_export(out, tiny_model.config)
+    assert (config if dialect == "native" else config["transformer_layer_config"])["num_hidden_layers"] == 2
+    tensors = load_file(out / "model.safetensors")
+    first = "midlayer." if dialect == "native" else "layers.0."
+    assert tensors[first + "self_attn.q_proj.weight"].shape == (4 * 32, 2 * 128)
+    assert tensors["layers.1.self_attn.q_proj.weight"].shape == (4 * 32, 128)
+    assert torch.equal(tensors["layers.1.hidden_norm.weight"], torch.ones(128))
+    read_config, state = read_export(out)
+    assert read_config["num_layers"] == 2
+    want = head.trainable_state_dict()
+    assert state.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(state[name], value), name
+    del tensors["layers.1.mlp.up_proj.weight"]
+    save_file(tensors, out / "model.safetensors")
+    with pytest.raises(ExportError, match=r"missing \['layers.1.mlp.up_proj.weight'\]"):
+        validate_export(out)
 
 
 def test_ttt_loss_decreases_and_reports_steps(tiny_model):
@@ -183,7 +246,7 @@ def dense_unroll_reference(head, aux, target_logits, ids, mask, steps, decay):
     d2t = head.draft_to_target
     p_all = F.softmax(target_logits[..., d2t].float(), dim=-1)  # [B, T, Vd]
     top = target_logits.argmax(-1)
-    hidden, cache, total, accs, agree = head.fuse(aux), [], 0.0, [], []
+    hidden, cache, total, accs, agree = head.fuse(aux), head.ttt_cache(), 0.0, [], []
     for k in range(steps):
         hidden = head(shift_left(ids, 1 + k), torch.arange(T).expand(B, T) + k, hidden, cache)
         logits = head.logits(hidden).float()
@@ -213,7 +276,8 @@ def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model):
     # make the target's top token at position j+1 the head's step-0 pick at row j on every other row, so
     # step-0 agreement and the acceptance runs are not all zero
     with torch.no_grad():
-        pick = head.logits(head(ids.roll(-1, 1), torch.arange(T).expand(B, T), head.fuse(aux), [])).argmax(-1)
+        hidden = head(ids.roll(-1, 1), torch.arange(T).expand(B, T), head.fuse(aux), head.ttt_cache())
+        pick = head.logits(hidden).argmax(-1)
     for j in range(0, T - 1, 2):
         logits[torch.arange(B), j + 1, head.draft_to_target[pick[:, j]]] += 100.0
     out = ttt_unroll(head, aux, logits, ids, mask, 3, 0.8)

@@ -83,7 +83,7 @@ def test_argmax_loss_is_cross_entropy_on_the_greedy_token(tiny_model):
     out = ttt_unroll(head, aux, logits, ids, mask, steps=1, decay=1.0, loss="argmax")
     d2t = head.draft_to_target
     tokens = torch.cat([ids[:, 1:], torch.zeros(B, 1, dtype=torch.long)], 1)
-    h = head(tokens, torch.arange(T).expand(B, T), head.fuse(aux), [])
+    h = head(tokens, torch.arange(T).expand(B, T), head.fuse(aux), head.ttt_cache())
     rows = torch.zeros(B, T, dtype=torch.bool)
     rows[:, : T - 2] = True  # row j predicts x_{j+2}: supervised while j+2 < T
     labels = logits[:, 1 : T - 1][..., d2t].argmax(-1)  # the target's greedy draft token at position j+1
@@ -135,7 +135,8 @@ def test_muon_state_round_trips_exactly(tiny_model):
     def run(head, opt, n):
         for _ in range(n):
             opt.zero_grad()
-            head.logits(head(ids, torch.arange(5).expand(2, 5), head.fuse(x), [])).pow(2).mean().backward()
+            hidden = head(ids, torch.arange(5).expand(2, 5), head.fuse(x), head.ttt_cache())
+            head.logits(hidden).pow(2).mean().backward()
             opt.step()
 
     cfg = type("O", (), {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.01, "get": lambda s, k, d=None: "muon"})()

@@ -146,8 +146,9 @@ def test_eagle3_drafter_follows_vllm_draft_semantics(tiny128):
     got = drafter.propose(ids[0].tolist(), 3, 0.0, None).tokens
     want = []
     with torch.no_grad():
-        cache = []
+        cache = head.ttt_cache()
         h = head(ids[:, 1:], torch.arange(n)[None], head.fuse(f.aux), cache)[:, -1:]
+        cache = cache[0]  # the one layer's (keys, values) per step
         for step in range(3):
             tok = head.draft_to_target[head.logits(h)[0, -1].argmax()].view(1, 1)
             want.append(int(tok))

@@ -46,6 +46,7 @@ def compose(*overrides):
         ("optim.grad_accum=0", "optim.grad_accum=0"),
         ("optim.betas=[0.9,1.5]", "optim.betas="),
         ("head.ttt_steps=0", "head.ttt_steps=0"),
+        ("head.num_layers=0", "head.num_layers=0"),
         ("head.draft_vocab_size=100000", "head.draft_vocab_size=100000"),
         ("head.draft_vocab_size=0", "head.draft_vocab_size=0"),
         ("head.family=medusa", "head.family=medusa"),

@@ -22,6 +22,7 @@ VARIANTS = {  # head config flags under test: the plain layout and fc's input no
     "plain": {},
     "norm_before_fc": {"norm_before_fc": True},
     "both_fc_norms": {"norm_before_fc": True, "fc_norm": True},
+    "two_layers": {"num_layers": 2},  # vLLM's multi-layer drafter: layer 1 on H, its own KV cache
 }
 
 
@@ -83,7 +84,14 @@ def probe(target_dir, head_dir, prompt_ids, tmp_path):
 
 @pytest.mark.parametrize(
     "variant,dialect",
-    [("plain", "speculators"), ("plain", "native"), ("norm_before_fc", "speculators"), ("both_fc_norms", "native")],
+    [
+        ("plain", "speculators"),
+        ("plain", "native"),
+        ("norm_before_fc", "speculators"),
+        ("both_fc_norms", "native"),
+        ("two_layers", "speculators"),
+        ("two_layers", "native"),
+    ],
 )
 def test_exported_head_serves_and_matches_training(tiny_setup, tiny_target_dir, tmp_path, variant, dialect):
     model, heads, dirs = tiny_setup
@@ -109,16 +117,22 @@ def test_exported_head_serves_and_matches_training(tiny_setup, tiny_target_dir, 
     n = len(prompt)
     with torch.no_grad():
         f = Target(model, AUX).features(ids)
-        cache = []
-        h = head(ids[:, 1:], torch.arange(n)[None], head.fuse(f.aux[:, :-1]), cache)  # step 0 over rows 0..n-1
+        if len(head.layers) == 1:  # one layer: against the plain one-query reference of TTT steps at the last row
+            cache = head.ttt_cache()
+            h = head(ids[:, 1:], torch.arange(n)[None], head.fuse(f.aux[:, :-1]), cache)  # step 0 over rows 0..n-1
+            cache = cache[0]  # the layer's (keys, values) per step
+            step_fn = lambda token, step, h: _ttt_step_last_row(head, token, n + step, h[:, -1:], cache)  # noqa: E731
+        else:  # several layers: decoding as the reference decoder does it (equal to the TTT unroll, fast tier)
+            cache = head.kv_cache()
+            h = head(ids[:, 1:], torch.arange(n)[None], head.fuse(f.aux[:, :-1]), cache)[:, -1:]
+            step_fn = lambda token, step, h: head(token, torch.tensor([[n + step]]), h, cache)  # noqa: E731
         for step in range(3):
             ours = head.logits(h)[0, -1]  # [Vd]
             theirs = calls[step][-1]  # [V], -inf outside the draft vocab
             assert torch.isinf(theirs[~head.t2d]).all()
             torch.testing.assert_close(theirs[d2t_ids], ours, atol=2e-3, rtol=2e-3, msg=f"draft step {step}")
             token = d2t_ids[ours.argmax()].view(1, 1)  # vLLM feeds back its greedy draft token
-            # one more TTT step at the last row only: its keys are the step-0 rows plus its own earlier steps
-            h = _ttt_step_last_row(head, token, n + step, h[:, -1:], cache)
+            h = step_fn(token, step, h)  # one more step at the last row: step-0 keys plus its own earlier steps
 
     # 3. speculative decoding really ran: drafts were proposed and counted
     m = got["metrics"]

@@ -49,6 +49,7 @@ class HeadConfig:
     # training batch; folded into fc.weight on export, so the served format is unchanged). 0 = off
     fc_outlier_ratio: float = 0.0
     intermediate_size: Optional[int] = None  # None = the target's
+    num_layers: int = 1  # draft decoder layers: the first reads [embeds, fused aux] (2·H), later ones H
     # what each TTT step is scored against: kl = the target's distribution over the draft vocab (forward KL up to a
     # constant), argmax = its greedy token (cross-entropy), topk = its top `loss_topk` tokens, renormalised
     loss: str = "kl"
@@ -202,6 +203,7 @@ def config_problems(cfg) -> list[str]:
         "inner_dim": (lambda v: v >= 0, "0 (the target's hidden size) or a width > 0"),
         "stage": (lambda v: v in (1, 2), "1 (input alignment) or 2 (output alignment, from head.init_from)"),
         "intermediate_size": (optional_min(1), "null (the target's) or >= 1"),
+        "num_layers": (lambda v: v >= 1, "draft decoder layers, >= 1 (vLLM's eagle3 drafter loads any number)"),
         "loss": (lambda v: v in ("kl", "argmax", "topk"), "expected one of kl | argmax | topk"),
         "loss_topk": (lambda v: v >= 1, "the target's top tokens the loss keeps, >= 1"),
         "fc_outlier_ratio": (lambda v: v == 0 or v > 1, "0 (off) or a ratio to the median channel RMS above 1"),

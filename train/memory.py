@@ -106,10 +106,11 @@ def eagle3_activation_bytes(cfg, tc, act_bytes: int) -> tuple[float, float]:
     nkv = getattr(tc, "num_key_value_heads", nh)
     K, Vd, hI = cfg.head.ttt_steps, min(cfg.head.draft_vocab_size, tc.vocab_size), cfg.head.intermediate_size or I
     feats = N * (3 * H * act_bytes + Vd * (act_bytes + 4))  # aux states, draft-vocab logits, target softmax (fp32)
-    layer = N * (2 * H * 2 + 2 * nh * hd + 2 * nkv * hd + 4 * H + 3 * hI) * act_bytes  # one draft step's layer
+    per_layer = 2 * nh * hd + 2 * nkv * hd + 4 * H + 3 * hI
+    layer = N * (2 * H * 2 + cfg.head.num_layers * per_layer) * act_bytes  # one draft step's layers
     vocab = N * Vd * 4 * 3  # fp32 logits, log-softmax, product with the target distribution
     # steps >= 1 attend with explicit scores [B, nh, T, T+k] (bf16 scores + fp32 softmax); step 0 is SDPA
-    scores = sum(B * nh * T * (T + k) * (act_bytes + 4) for k in range(1, K))
+    scores = cfg.head.num_layers * sum(B * nh * T * (T + k) * (act_bytes + 4) for k in range(1, K))
     return feats, K * (layer + vocab) + scores
 
 

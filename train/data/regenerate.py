@@ -39,9 +39,10 @@ from draftsmith.train.data.render import render_prompt
 SETTINGS = ("target", "data", "max_tokens", "temperature", "seed", "max_prompt_tokens")
 
 
-def first_turns(data: str, limit: int | None, tokenizer, max_prompt_tokens: int) -> tuple[list[dict], int]:
-    """[{id, messages (up to the first answer), prompt_ids, source (the whole conversation)}] and how many were
-    too long to keep."""
+def first_prompts(data: str, limit: int | None, tokenizer, max_prompt_tokens: int) -> tuple[list[dict], int]:
+    """[{id, messages (every message before the first answer: system, user), prompt_ids, source (the whole
+    conversation)}] and how many were too long to keep. (eval/prompts.py `first_turns` keeps the first user
+    message alone, for served prompts.)"""
     out, too_long = [], 0
     for conv in read_conversations(data, limit):
         k = next(i for i, m in enumerate(conv.messages) if m["role"] == "assistant")
@@ -172,7 +173,7 @@ def regenerate(
     backend = resolve_backend(backend)
 
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    prompts, too_long = first_turns(data, num_conversations, tokenizer, max_prompt_tokens)
+    prompts, too_long = first_prompts(data, num_conversations, tokenizer, max_prompt_tokens)
     done = load_done(out_path)
     resumed = len(done)
     todo = [p for p in prompts if p["id"] not in done]

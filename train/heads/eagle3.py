@@ -1,9 +1,12 @@
-"""The EAGLE-3 draft head: fc over the target's aux states, one decoder layer on 2·H, norm, lm_head.
+"""The EAGLE-3 draft head: fc over the target's aux states, decoder layers (the first on 2·H), norm, lm_head.
 
-Parameter names are vLLM's checkpoint keys (`fc`, `layers.0.*`, `norm`, `lm_head`, `d2t`, `t2d`), so
+Parameter names are vLLM's checkpoint keys (`fc`, `layers.{i}.*`, `norm`, `lm_head`, `d2t`, `t2d`), so
 export is a state_dict save. One call of `forward` is one draft step, as in vLLM's draft model:
-the TTT unroll (train/ttt/unroll.py) calls it K times, passing the step's KV list along; the reference decoder
-(eval/reference_decoder.py) calls it row by row with a `KVCache`, as vLLM decodes.
+the TTT unroll (train/ttt/unroll.py) calls it K times, passing `ttt_cache()` along; the reference decoder
+(eval/reference_decoder.py) calls it row by row with a `kv_cache()`, as vLLM decodes.
+
+`num_layers` > 1 is vLLM llama_eagle3's multi-layer drafter: layer 0 reads [norm(embeds), norm(hidden)] (2·H),
+later layers are plain pre-norm Llama layers on H; every layer keeps its own keys and values.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Eagle3Config:
     # (buffer `fc_in_scale`, set from the first training batch; export folds it into fc.weight): 0 = off
     fc_outlier_ratio: float = 0.0
     hidden_act: str = "silu"
+    num_layers: int = 1  # draft decoder layers (vLLM: num_hidden_layers of the draft config)
     ttt_steps: int = 7
     target_model_type: str = "llama"
     target: dict = field(default_factory=dict)  # provenance: name_or_path, architectures, num_hidden_layers
@@ -61,6 +65,7 @@ class Eagle3Config:
             fc_norm=head.fc_norm,
             fc_outlier_ratio=head.fc_outlier_ratio,
             intermediate_size=head.intermediate_size,
+            num_layers=head.num_layers,
         )
 
     @classmethod
@@ -146,19 +151,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Llama attention on a 2·H input, with the TTT cache: step s attends causally to step 0's keys and
-    to its own row's keys from steps 1..s (exactly what vLLM's draft sees at draft position s)."""
+    """Llama attention on a 2·H input (layer 0) or an H one (later layers), with the TTT cache: step s attends
+    causally to step 0's keys and to its own row's keys from steps 1..s (what vLLM's draft sees at draft position s)."""
 
-    def __init__(self, cfg: Eagle3Config):
+    def __init__(self, cfg: Eagle3Config, in_features: int):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.nh * self.hd, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.nkv * self.hd, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.nkv * self.hd, bias=False)
+        self.q_proj = nn.Linear(in_features, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(in_features, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
         self.theta = cfg.rope_theta
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list | KVCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list | LayerKV) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)  # [B, nh, T, hd]
         k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
@@ -167,7 +172,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         rep = self.nh // self.nkv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [B, nh, T, hd]
-        if isinstance(cache, KVCache):  # decoding: these rows follow the cached ones
+        if isinstance(cache, LayerKV):  # decoding: these rows follow the cached ones
             out = cache.attend(q, k, v)
         else:
             cache.append((k, v))
@@ -178,11 +183,9 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
 
-class KVCache:
-    """The draft layer's keys and values for decoding one sequence row by row, as vLLM's draft KV cache does: the
-    rows of each call attend to every cached row and causally to each other, then join the cache.
-
-    `fork()` shares the tensors so far: draft steps extend a fork, and the committed cache never sees them."""
+class LayerKV:
+    """One draft layer's keys and values for decoding one sequence row by row, as vLLM's draft KV cache does: the
+    rows of each call attend to every cached row and causally to each other, then join the cache."""
 
     def __init__(self, k: torch.Tensor | None = None, v: torch.Tensor | None = None):
         self.k, self.v = k, v  # [B, nh, P, hd] (rope applied, kv heads repeated)
@@ -190,8 +193,8 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
 
-    def fork(self) -> "KVCache":
-        return KVCache(self.k, self.v)
+    def fork(self) -> "LayerKV":
+        return LayerKV(self.k, self.v)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v: [B, nh, T, hd] of T new rows -> their attention output [B, nh, T, hd]."""
@@ -222,6 +225,21 @@ def ttt_attention(q: torch.Tensor, cache: list) -> torch.Tensor:
     return p[..., :T] @ v0 + (p[..., T:, None] * vd).sum(-2)  # [B, nh, T, hd]
 
 
+class KVCache:
+    """The head's decoding cache: one `LayerKV` per draft layer (`Eagle3Head.kv_cache()`).
+
+    `fork()` shares the tensors so far: draft steps extend a fork, and the committed cache never sees them."""
+
+    def __init__(self, layers: list[LayerKV]):
+        self.layers = list(layers)
+
+    def fork(self) -> "KVCache":
+        return KVCache([layer.fork() for layer in self.layers])
+
+    def __len__(self) -> int:  # rows cached (every layer holds the same rows)
+        return len(self.layers[0])
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
@@ -234,23 +252,30 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """vLLM's Eagle3 LlamaDecoderLayer (layer 0): norms on embeds and hidden, concat, attention, MLP."""
+    """vLLM's Eagle3 LlamaDecoderLayer. Layer 0: norms on embeds and hidden, concat, attention, MLP. Later layers:
+    a pre-norm Llama layer on the running residual (vLLM builds a `hidden_norm` there too but never uses it; export
+    writes its ones)."""
 
-    def __init__(self, cfg: Eagle3Config):
+    def __init__(self, cfg: Eagle3Config, index: int = 0):
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.index = index
+        self.self_attn = Attention(cfg, (2 if index == 0 else 1) * cfg.hidden_size)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if index == 0:
+            self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm_before_residual = cfg.norm_before_residual
 
     def forward(self, embeds, hidden, positions, cache) -> torch.Tensor:
-        residual = hidden
-        hidden = self.hidden_norm(hidden)
-        if self.norm_before_residual:
+        if self.index == 0:
             residual = hidden
-        x = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)  # [B, T, 2H]
+            hidden = self.hidden_norm(hidden)
+            if self.norm_before_residual:
+                residual = hidden
+            x = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)  # [B, T, 2H]
+        else:
+            residual, x = hidden, self.input_layernorm(hidden)  # [B, T, H]
         residual = residual + self.self_attn(x, positions, cache)
         return residual + self.mlp(self.post_attention_layernorm(residual))  # [B, T, H] pre-norm
 
@@ -270,7 +295,7 @@ class Eagle3Head(nn.Module):
         self.fc = nn.Linear(n_aux * Ht, H, bias=False)
         if cfg.fc_outlier_ratio:
             self.register_buffer("fc_in_scale", torch.ones(n_aux * Ht))
-        self.layers = nn.ModuleList([DecoderLayer(cfg)])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
@@ -329,15 +354,29 @@ class Eagle3Head(nn.Module):
             aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
         return aux
 
+    def ttt_cache(self) -> list[list]:
+        """The TTT unroll's cache: per layer, the (keys, values) of each step so far (see `Attention`)."""
+        return [[] for _ in self.layers]
+
+    def kv_cache(self) -> KVCache:
+        """An empty decoding cache, one `LayerKV` per layer."""
+        return KVCache([LayerKV() for _ in self.layers])
+
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor, cache: list | KVCache
     ) -> torch.Tensor:
         """One draft step. input_ids/positions: [B, T]; hidden: [B, T, H]. Returns the pre-norm hidden [B, T, H],
         which is both the next step's `hidden` and, through `logits`, this step's prediction.
 
-        `cache`: a list (the TTT unroll: step 0 causal, later steps diagonal, see `Attention`) or a `KVCache`."""
+        `cache`: `ttt_cache()` (the TTT unroll: step 0 causal, later steps diagonal, see `Attention`) or
+        `kv_cache()` (decoding); one entry per layer either way."""
+        per_layer = cache.layers if isinstance(cache, KVCache) else cache
+        if len(per_layer) != len(self.layers):
+            raise ValueError(f"cache holds {len(per_layer)} layers, the head has {len(self.layers)}")
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
-        return self.layers[0](embeds, hidden, positions, cache)
+        for layer, layer_cache in zip(self.layers, per_layer):
+            hidden = layer(embeds, hidden, positions, layer_cache)
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))  # [B, T, Vd]

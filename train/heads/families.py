@@ -102,6 +102,7 @@ EAGLE3 = Family(
         "fc_norm",
         "fc_outlier_ratio",
         "intermediate_size",
+        "num_layers",
         "loss",
         "loss_topk",
     ),

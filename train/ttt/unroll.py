@@ -75,7 +75,7 @@ def ttt_unroll(
         target_top = torch.full((B, T), -1, dtype=torch.long, device=input_ids.device)
         target_top[need] = d2t_ids[sub.argmax(-1)] if restricted else target_logits[need].argmax(-1)
     hidden = head.fuse(aux.to(head.fc.weight.dtype))  # [B, T, H] (a bf16 target's states into fp32 master weights)
-    cache: list = []
+    cache = head.ttt_cache()
     losses, accs, counts, agree = [], [], [], []
     total = aux.new_zeros(())
     for k in range(steps):

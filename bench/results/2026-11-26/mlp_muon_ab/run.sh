@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # MLP speculator stage 1, 8 minutes each, side by side on one thread each: AdamW 1e-3 (the preset) vs Muon 3e-3.
 set -euo pipefail
-cd /work/main
+cd "$(dirname "$0")/../../../.."  # the repo root
 out=bench/results/2026-11-26/mlp_muon_ab
 mkdir -p $out/runs
 for L in adamw muon; do

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TEXT_SUFFIXES = {".json", ".jsonl", ".md", ".yaml", ".yml", ".log", ".txt", ".csv"}
+TEXT_SUFFIXES = {".json", ".jsonl", ".md", ".yaml", ".yml", ".log", ".txt", ".csv", ".sh", ".py"}
 # an absolute path under a machine's own directories, as it would appear in a results file
 MACHINE_PATH = re.compile(r"(?<![\w.~<>-])/(?:root|home|Users|work|tmp|private/var)/[^\s\"',)\]}]+")
 

@@ -219,6 +219,19 @@ def test_checkpoint_from_another_target_or_vocab_is_refused(tiny_target_dir, dat
     assert p.returncode != 0 and "its draft vocab differs" in p.stderr
 
 
+def test_a_checkpoint_from_before_a_head_field_existed_counts_as_its_default(tiny_model, tmp_path):
+    """head.json written before `num_layers` existed resumes into a one-layer head and is refused for two."""
+    from draftsmith.train.checkpoint import check_same_head, field_defaults
+    from draftsmith.train.heads.eagle3 import Eagle3Config
+
+    one = Eagle3Config.from_target(tiny_model.config, 32, [1, 3, 4]).to_dict()
+    old = {"family": "eagle3", "config": {k: v for k, v in one.items() if k != "num_layers"}}
+    defaults = field_defaults(Eagle3Config)
+    check_same_head(old, one, tmp_path, defaults=defaults)
+    with pytest.raises(CheckpointError, match="num_layers checkpoint=1 here=2"):
+        check_same_head(old, {**one, "num_layers": 2}, tmp_path, defaults=defaults)
+
+
 def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(tiny_target_dir, data_file, two_steps, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(two_steps / "checkpoints", run / "checkpoints")

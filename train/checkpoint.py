@@ -10,7 +10,7 @@ import json
 import os
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -237,7 +237,7 @@ def restore_run_state(ckpt: Path, head, optimizer, scheduler, world: int, accum:
             else f"{ckpt}: global batch {group} is not divisible by {world} processes"
         )
     meta, weights = load_head(ckpt)
-    check_same_head(meta, head.config.to_dict(), ckpt)
+    check_same_head(meta, head.config.to_dict(), ckpt, defaults=field_defaults(type(head.config)))
     if "d2t" in weights and not torch.equal(weights["d2t"].to(head.d2t.device), head.d2t):
         # the target logits the features give are over this run's draft vocab; the checkpoint's head is not
         raise CheckpointError(
@@ -253,10 +253,16 @@ def restore_run_state(ckpt: Path, head, optimizer, scheduler, world: int, accum:
     return Position(state["step"], state["epoch"], state["cursor"], state["tokens"], state.get("elapsed_s", 0.0))
 
 
-def check_same_head(meta: dict, config: dict, ckpt) -> None:
-    """Refuse a checkpoint whose head was built for another target or shape (names every differing field)."""
+def field_defaults(config_type) -> dict:
+    """A head config dataclass's field defaults: what a checkpoint written before a field existed was built with."""
+    return {f.name: f.default for f in fields(config_type) if f.default is not MISSING}
+
+
+def check_same_head(meta: dict, config: dict, ckpt, defaults: dict | None = None) -> None:
+    """Refuse a checkpoint whose head was built for another target or shape (names every differing field; a field
+    the checkpoint does not record counts as its value in `defaults`)."""
     ignore = {"target", "ttt_steps"}  # provenance; the unroll depth may change between runs
-    theirs, ours = meta.get("config", {}), config
+    theirs, ours = {**(defaults or {}), **meta.get("config", {})}, config
     diff = {
         k: (theirs.get(k), ours.get(k))
         for k in sorted(set(theirs) | set(ours) - ignore)

@@ -75,6 +75,12 @@ def expected_shapes(cfg: Eagle3Config, layer_prefix: str = "layers.0.") -> dict[
     return shapes
 
 
+def unused_norms(num_layers: int) -> list[str]:
+    """vLLM builds a `hidden_norm` in every draft layer but uses only layer 0's, and refuses a checkpoint without the
+    others: export writes these as ones, read_export drops them."""
+    return [f"layers.{i}.hidden_norm.weight" for i in range(1, num_layers)]
+
+
 def transformer_layer_config(cfg: Eagle3Config, dtype: str) -> dict:
     """A full decoder config for the one draft layer, as vLLM's Llama layer reads it."""
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
@@ -250,8 +256,7 @@ def export_eagle3(
     check_vocab_maps(state["d2t"], state["t2d"], cfg)
     if cfg.draft_vocab_size == cfg.vocab_size:  # identity map: vLLM wants no d2t/t2d for a full-vocab head
         state = {k_: v for k_, v in state.items() if k_ not in ("d2t", "t2d")}
-    for i in range(1, cfg.num_layers):  # vLLM builds hidden_norm in every layer and refuses a checkpoint without it
-        state[f"layers.{i}.hidden_norm.weight"] = torch.ones(cfg.hidden_size)
+    state.update({name: torch.ones(cfg.hidden_size) for name in unused_norms(cfg.num_layers)})
     torch_dtype = getattr(torch, dtype)
     tensors = {}
     for name, t in state.items():
@@ -294,8 +299,7 @@ def read_export(out_dir: str | os.PathLike) -> tuple[dict, dict[str, torch.Tenso
     head's identity d2t/t2d, which export leaves out for vLLM, are put back."""
     out_dir = Path(out_dir)
     config = json.loads((out_dir / "draftsmith.json").read_text())["head_config"]
-    layers = config.get("num_layers", 1)
-    unused = {f"layers.{i}.hidden_norm.weight" for i in range(1, layers)}  # export's ones for vLLM's loader
+    unused = set(unused_norms(config.get("num_layers", 1)))
     state = {
         ("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v
         for k, v in load_file(out_dir / "model.safetensors").items()

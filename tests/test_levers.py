@@ -157,6 +157,19 @@ def test_muon_state_round_trips_exactly(tiny_model):
     assert "fc.weight" in changed and "lm_head.weight" in changed
 
 
+def test_ns_steps_reaches_muon_from_the_config(tiny_model):
+    """optim.ns_steps is the Newton-Schulz depth of every Muon step (fewer = cheaper and less orthogonal)."""
+    from draftsmith.train.config import compose_config
+
+    g = torch.randn(48, 96)
+    sv = {n: torch.linalg.svdvals(orthogonalise(g, n)) for n in (3, 5)}
+    assert sv[5].min() > sv[3].min()  # the deeper iteration pushes the small singular values further towards 1
+    for n in (3, 5):
+        cfg = compose_config(["conf=eagle3_smollm2", f"optim.ns_steps={n}"]).optim
+        opt = build_optimizer(cfg, tiny_head(tiny_model))
+        assert [gr["ns_steps"] for gr in opt.param_groups if gr["muon"]] == [n]
+
+
 def test_muon_refuses_sharded_launches(tiny_model):
     cfg = type("O", (), {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.0, "get": lambda s, k, d=None: "muon"})()
     from draftsmith.errors import ConfigError

@@ -95,6 +95,9 @@ class OptimConfig:
     # adamw | muon: Muon (momentum orthogonalised by Newton-Schulz) on the head's hidden matrices (fc, the draft
     # layer's projections), AdamW on the rest (lm_head, norms); both follow optim.lr (Muon scaled to AdamW's RMS)
     name: str = "adamw"
+    # Muon's Newton-Schulz iterations per step (5 = Muon's reference); each costs ~2·m²n FLOPs per m x n matrix,
+    # so on a CPU the iteration is a large share of a small head's step (bench/train_step.py --optim muon)
+    ns_steps: int = 5
     lr: float = 1e-4
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -187,6 +190,7 @@ def config_problems(cfg) -> list[str]:
 
     need("optim.lr", lambda v: v > 0, "the peak learning rate must be > 0 (the presets use 1e-4 to 3e-3)")
     need("optim.weight_decay", lambda v: v >= 0, "must be >= 0")
+    need("optim.ns_steps", lambda v: v >= 1, "Muon's Newton-Schulz iterations per step, >= 1 (5 = the reference)")
     need("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two AdamW betas in [0, 1)")
     need("optim.warmup_steps", lambda v: v >= 0, "must be >= 0")
     need("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "the cosine's floor as a share of the peak lr, in [0, 1]")

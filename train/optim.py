@@ -115,5 +115,7 @@ def build_optimizer(optim_cfg, head: nn.Module, distributed: str = "no") -> torc
         from draftsmith.train.build import fast_bf16
 
         device = next(p.device for p in head.parameters())
-        return MuonAdamW(muon_groups(head), ns_bf16=fast_bf16(device), **kw)  # bf16 Newton-Schulz where it is faster
+        ns_steps = getattr(optim_cfg, "ns_steps", 5)
+        # bf16 Newton-Schulz where it is faster
+        return MuonAdamW(muon_groups(head), ns_steps=ns_steps, ns_bf16=fast_bf16(device), **kw)
     raise ConfigError(f"optim.name={name!r}: expected adamw | muon")

@@ -330,6 +330,11 @@ def run_acceptance(
         check_head_for_target(head_dir, target, target_config)
     tokenizer = AutoTokenizer.from_pretrained(target)
     prompt_ids = render_prompts(tokenizer, prompts)
+    if force:  # as the matrix does: a hybrid is never judged on prompts its policy was fitted on
+        from draftsmith.eval.hybrid import HybridPolicies
+
+        for h in force:
+            HybridPolicies.load(heads[h]).check_disjoint(prompt_ids, f"{prompts_path} for hybrid({h})")
     max_model_len = settings["max_model_len"] or max(map(len, prompt_ids)) + max_tokens + k + 1
     limit = getattr(target_config, "max_position_embeddings", None)
     if limit and max_model_len > limit:

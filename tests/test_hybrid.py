@@ -337,6 +337,7 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path, ca
     the same members beside it) and refuses evaluation prompts the policy was fitted on."""
     from test_matrix import REPETITIVE, tiny_head_run
 
+    from draftsmith.eval.acceptance import run_acceptance
     from draftsmith.eval.hybrid import main as fit_main
     from draftsmith.eval.matrix import run_matrix
 
@@ -424,6 +425,10 @@ def test_fit_hybrid_end_to_end_and_the_matrix_rows(tiny_target_dir, tmp_path, ca
     with pytest.raises(ValueError, match="fitted on"):
         greedy_ngram_matrix(f"train={train}", "x")
     greedy_ngram_matrix(f"heldout={excluded}", "z")  # the excluded prompt was never fitted on: evaluating on it is fine
+    served = {"h": str(tmp_path / "z" / "heads" / "h")}  # the matrix's export of the head, hybrid.json beside it
+    with pytest.raises(ValueError, match=r"for hybrid\(h\): prompts \[0\] \(1 of 2\).*fitted on"):  # served too
+        run_acceptance(str(tiny_target_dir), str(train), [], served, k=3, max_tokens=8, num_prompts=2,
+                       out_dir=str(tmp_path / "served"), hybrids=("h",))  # fmt: skip
     off = greedy_ngram_matrix(f"train={train}", "y", hybrid=False)
     assert off["hybrids"] == {} and not off["hybrid"]
     capsys.readouterr()

@@ -21,9 +21,9 @@ import statistics
 import time
 
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoConfig
 
+from draftsmith.train.config import OptimConfig
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 from draftsmith.train.objective import per_head_loss
@@ -89,7 +89,7 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "
             return per_head_loss(head, last.float(), ids, mask, [0.8**i for i in range(ttt)]).loss
 
     params = [p for p in head.parameters() if p.requires_grad]
-    opt = build_optimizer(OmegaConf.create({"name": optim, "lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0}), head)
+    opt = build_optimizer(OptimConfig(name=optim, lr=1e-4), head)
 
     def step(precision: str) -> None:
         ctx = (

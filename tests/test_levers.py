@@ -9,6 +9,7 @@ from safetensors.torch import load_file, save_file
 from test_eagle3 import tiny_head
 
 from draftsmith.export.vllm import ExportError, export_eagle3, read_export, validate_export
+from draftsmith.train.config import OptimConfig
 from draftsmith.train.optim import MuonAdamW, build_optimizer, muon_groups, orthogonalise
 from draftsmith.train.ttt.unroll import target_distribution, ttt_unroll
 
@@ -139,7 +140,7 @@ def test_muon_state_round_trips_exactly(tiny_model):
             head.logits(hidden).pow(2).mean().backward()
             opt.step()
 
-    cfg = type("O", (), {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.01, "get": lambda s, k, d=None: "muon"})()
+    cfg = OptimConfig(name="muon", lr=1e-3, weight_decay=0.01)
     straight = tiny_head(tiny_model)
     run(straight, build_optimizer(cfg, straight), 6)
     first = tiny_head(tiny_model)
@@ -171,7 +172,7 @@ def test_ns_steps_reaches_muon_from_the_config(tiny_model):
 
 
 def test_muon_refuses_sharded_launches(tiny_model):
-    cfg = type("O", (), {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.0, "get": lambda s, k, d=None: "muon"})()
+    cfg = OptimConfig(name="muon", lr=1e-3)
     from draftsmith.errors import ConfigError
 
     for kind in ("DEEPSPEED", "FSDP"):

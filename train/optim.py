@@ -101,8 +101,9 @@ def muon_groups(head: nn.Module) -> list[dict]:
 
 def build_optimizer(optim_cfg, head: nn.Module, distributed: str = "no") -> torch.optim.Optimizer:
     """optim.name's optimizer over the head's trainable parameters. `distributed`: accelerate's distributed type
-    name; Muon needs whole matrices, so it refuses the sharded ones (DeepSpeed, FSDP)."""
-    name = optim_cfg.get("name", "adamw")
+    name; Muon needs whole matrices, so it refuses the sharded ones (DeepSpeed, FSDP). `optim_cfg`: the run's
+    optim config or an OptimConfig (train/config.py holds every default)."""
+    name = optim_cfg.name
     kw = dict(lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), weight_decay=optim_cfg.weight_decay)
     if name == "adamw":
         return torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], **kw)
@@ -115,7 +116,6 @@ def build_optimizer(optim_cfg, head: nn.Module, distributed: str = "no") -> torc
         from draftsmith.train.build import fast_bf16
 
         device = next(p.device for p in head.parameters())
-        ns_steps = getattr(optim_cfg, "ns_steps", 5)
         # bf16 Newton-Schulz where it is faster
-        return MuonAdamW(muon_groups(head), ns_steps=ns_steps, ns_bf16=fast_bf16(device), **kw)
+        return MuonAdamW(muon_groups(head), ns_steps=optim_cfg.ns_steps, ns_bf16=fast_bf16(device), **kw)
     raise ConfigError(f"optim.name={name!r}: expected adamw | muon")

@@ -17,7 +17,7 @@ echo done
 .venv/bin/python bench/acceptance_per_minute.py --out $out --minutes 60 --tokens 4000000 \
   --levers preset,preset+ns3,preset+wd0.1 --num-prompts 64 > $out/serve_chat.log 2>&1
 echo chat done
-.venv/bin/python $out/serve_bench.py $out/bench_prompts 40 \
+.venv/bin/python bench/results/2026-11-26/capacity_ab/serve_bench.py $out/bench_prompts 40 \
   "preset=$out/exported/preset,preset_ns3=$out/exported/preset+ns3,preset_wd0.1=$out/exported/preset+wd0.1" \
   > $out/serve_bench.log 2>&1
 echo bench done

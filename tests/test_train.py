@@ -78,7 +78,8 @@ def run_train(tiny_target_dir, data_file, out_dir, *overrides):
 
 def test_train_checkpoint_resume_is_exact_and_exports(tiny_target_dir, data_file, tmp_path):
     full = tmp_path / "full"
-    run_train(tiny_target_dir, data_file, full)
+    proc = run_train(tiny_target_dir, data_file, full)
+    assert "(timed probe)" in proc.stdout  # mixed_precision=auto, nothing recorded yet
     ckpts = sorted((full / "checkpoints").glob("step_*"))
     assert [p.name for p in ckpts] == ["step_00000004", "step_00000008"]
     logs = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines()]
@@ -94,7 +95,7 @@ def test_train_checkpoint_resume_is_exact_and_exports(tiny_target_dir, data_file
 
     shutil.copytree(ckpts[0], resumed / "checkpoints" / ckpts[0].name)
     proc = run_train(tiny_target_dir, data_file, resumed, "resume=auto")
-    assert "resumed from" in proc.stdout
+    assert "resumed from" in proc.stdout and f"(recorded in {resumed / 'checkpoints' / ckpts[0].name})" in proc.stdout
     a = load_file(full / "checkpoints" / "step_00000008" / "head.safetensors")
     b = load_file(resumed / "checkpoints" / "step_00000008" / "head.safetensors")
     assert a.keys() == b.keys()
@@ -102,6 +103,23 @@ def test_train_checkpoint_resume_is_exact_and_exports(tiny_target_dir, data_file
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
     start = load_file(ckpts[0] / "head.safetensors")
     assert not torch.equal(start["fc.weight"], a["fc.weight"])  # it trained
+
+    # the precision a resume uses is the checkpoint's record, not a new probe (whose timing may answer otherwise)
+    meta = json.loads((ckpts[0] / "head.json").read_text())
+    assert isinstance(meta["fast_bf16"], bool)
+    flipped = tmp_path / "flipped" / "checkpoints" / ckpts[0].name
+    shutil.copytree(ckpts[0], flipped)
+    (flipped / "head.json").write_text(json.dumps({**meta, "fast_bf16": not meta["fast_bf16"]}))
+    proc = run_train(tiny_target_dir, data_file, flipped.parent.parent, "resume=auto", "optim.max_steps=5")
+    assert f"autocast {'no' if meta['fast_bf16'] else 'bf16'}\n" in proc.stdout
+    saved = (flipped.parent.parent / "config.yaml").read_text()
+    assert f"fast_bf16: {str(not meta['fast_bf16']).lower()}" in saved
+    # fast_bf16 set on the command line overrides a record, and says the resume is not exact
+    proc = run_train(
+        tiny_target_dir, data_file, flipped.parent.parent, "resume=auto", "optim.max_steps=6",
+        f"fast_bf16={str(meta['fast_bf16']).lower()}",
+    )  # fmt: skip
+    assert "(fast_bf16 set)" in proc.stdout and "not an exact resume" in proc.stdout
 
     # export the run dir (latest checkpoint), contract-checked against the tiny target
     from draftsmith.cli import main

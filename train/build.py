@@ -20,14 +20,27 @@ from draftsmith.train.heads import families
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target, TargetEnds
 
+_PINNED: list[bool] = []  # a training run's decision (pin_fast_bf16): what fast_bf16 answers from then on
+
+
+def pin_fast_bf16(value: bool) -> None:
+    """Make `fast_bf16` answer `value` in this process from now on. A training run pins the decision it records in
+    its checkpoints, so that a resumed run keeps the kernels it started with: the timed probe is noisy (1.5x-3.4x
+    on one idle 2-core EPYC, five runs in a row), and a re-probe that lands on the other side of 1.2x would switch
+    autocast, the target's dtype and Muon's Newton-Schulz mid-run, and break exact resume."""
+    _PINNED[:] = [bool(value)]
+
 
 def fast_bf16(device: torch.device) -> bool:
     """bf16 where it is faster here: Ampere+ GPUs; on CPUs with AVX512-BF16 or AMX, only when a timed probe says so.
 
     CPU flags alone mislead: on a 2-core AVX512-BF16 EPYC the bf16 head step ran 2-3x faster than fp32, on a
     2-core AVX512-BF16 Xeon without AMX it ran 1.5x slower (bench/train_step.py). So `auto` times one matmul of a
-    head-layer shape in both dtypes (~0.1 s, once per process) and takes bf16 only at >= 1.2x.
+    head-layer shape in both dtypes (~0.1 s, once per process) and takes bf16 only at >= 1.2x. A training run's
+    own decision (`fast_bf16` in its config, pinned by train/run.py) overrides the probe.
     """
+    if _PINNED:
+        return _PINNED[0]
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     try:

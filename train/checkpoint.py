@@ -209,6 +209,8 @@ def save_run_state(
 ) -> Path:
     """One checkpoint of a training run: the head (+ its config and last metrics) and everything resume needs."""
     meta = {"family": family, "config": head_config, "step": pos.step, "tokens": pos.tokens, "metrics": metrics}
+    if config.get("fast_bf16") is not None:  # the precision decision a resumed run keeps (recorded_fast_bf16)
+        meta["fast_bf16"] = config["fast_bf16"]
     trainer = {
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
@@ -222,6 +224,20 @@ def save_run_state(
         "config": config,
     }
     return save_checkpoint(run_dir, pos.step, weights, meta, trainer, keep)
+
+
+def recorded_fast_bf16(run_dir: Path, resume: str | None) -> tuple[bool, Path] | None:
+    """(fast_bf16, checkpoint) as recorded by the checkpoint `resume` will continue from; None when there is none
+    yet, it predates the record, or it cannot be read (the resume itself then reports why)."""
+    if not resume:
+        return None
+    found = checkpoints(run_dir) if resume == "auto" else [Path(resume)]
+    try:
+        ckpt = resolve_checkpoint(found[-1]) if found else None
+        value = json.loads((ckpt / "head.json").read_text()).get("fast_bf16") if ckpt else None
+    except (CheckpointError, OSError, ValueError):
+        return None
+    return None if value is None else (bool(value), ckpt)
 
 
 def restore_run_state(ckpt: Path, head, optimizer, scheduler, world: int, accum: int) -> Position:

@@ -146,6 +146,10 @@ class Config:
     keep_checkpoints: int = 2
     eval_batches: int = 8
     mixed_precision: str = "auto"  # auto | no | bf16
+    # are bf16 kernels faster here? null: a timed probe decides at start-up (README "Precision"); the answer is
+    # recorded in every checkpoint, and a resumed run takes it from there (exact resume whatever a re-probe says).
+    # It sets mixed_precision=auto, target.dtype=auto and Muon's Newton-Schulz dtype; true/false overrides the probe
+    fast_bf16: Optional[bool] = None
     dry_run: bool = False  # print per-rank memory (train/memory.py) from shapes alone, then stop
     dry_run_processes: int = 8  # the process count the dry run shards over
     wandb: dict[str, Any] = field(default_factory=lambda: {"mode": "offline", "project": "draftsmith"})

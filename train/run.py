@@ -50,8 +50,8 @@ def run(cfg: DictConfig) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from draftsmith.train.build import build_head, build_run, build_target, fast_bf16
-    from draftsmith.train.checkpoint import prepare_run_dir
+    from draftsmith.train.build import build_head, build_run, build_target, fast_bf16, pin_fast_bf16
+    from draftsmith.train.checkpoint import prepare_run_dir, recorded_fast_bf16
     from draftsmith.train.config import validate_config
     from draftsmith.train.loop import print0, train
 
@@ -63,10 +63,25 @@ def run(cfg: DictConfig) -> dict:
         return {}
     mp = cfg.mixed_precision
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    accelerator = Accelerator(mixed_precision=("bf16" if fast_bf16(device) else "no") if mp == "auto" else mp)
-    torch.manual_seed(cfg.seed)
     run_dir = Path(cfg.output_dir)
+    # one precision decision per run, kept by every resume of it (the probe is timed, so a re-probe may differ)
+    recorded = recorded_fast_bf16(run_dir, cfg.resume)
+    if cfg.fast_bf16 is not None:
+        fast, source = bool(cfg.fast_bf16), "fast_bf16 set"
+    elif recorded is not None:
+        fast, source = recorded[0], f"recorded in {recorded[1]}"
+    else:
+        fast, source = fast_bf16(device), "timed probe"
+    pin_fast_bf16(fast)
+    with open_dict(cfg):
+        cfg.fast_bf16 = fast
+    accelerator = Accelerator(mixed_precision=("bf16" if fast else "no") if mp == "auto" else mp)
+    torch.manual_seed(cfg.seed)
     log = functools.partial(print0, accelerator)
+    speed = "faster" if fast else "not faster"
+    log(f"precision: bf16 kernels {speed} here ({source}); autocast {accelerator.mixed_precision}")
+    if recorded is not None and recorded[0] != fast:
+        log(f"warning: fast_bf16={fast} differs from {recorded[0]} recorded in {recorded[1]}: not an exact resume")
     # before anything is written: a fresh run never mixes with (or prunes) an earlier run's checkpoints
     resume = prepare_run_dir(run_dir, cfg.resume, cfg.overwrite, accelerator.is_main_process, log=log)
     if resume != cfg.resume:

@@ -19,6 +19,12 @@ Budgets: `--tokens` trains every lever on the same number of supervised tokens (
 lr schedule spans exactly that budget), `--minutes` bounds wall time (quality per minute; throughput
 levers show up here). Training tok/s is printed per lever, measured in this run.
 
+An A/B at equal minutes on a 2-core machine, one command (two levers trained at once on one core each, then
+served on the held-out chat prompts and on MT-Bench and HumanEval):
+
+    python bench/acceptance_per_minute.py --out bench/results/ab --minutes 60 --tokens 4000000 \
+        --levers preset,preset+wd0.2 --side-by-side --num-prompts 64 --workloads mtbench,code
+
 Then one `draftsmith eval acceptance` run serves no speculation, ngram, suffix and every head on the
 same held-out prompts (the baseline run's held-out split; a head whose training data contains one of
 them is refused). `--curve LEVER` also serves that lever's intermediate checkpoints and plots served and
@@ -112,7 +118,11 @@ LEVERS = {
     "lr1e-3": ("peak lr 1e-3", ["optim.lr=1e-3"]),
     "lr6e-3": ("peak lr 6e-3", ["optim.lr=6e-3"]),
     "ns3": ("Muon with 3 Newton-Schulz iterations instead of 5 (~12 % more steps per minute)", ["optim.ns_steps=3"]),
-    "wd0.1": ("decoupled weight decay 0.1 (every parameter; the preset has none)", ["optim.weight_decay=0.1"]),
+    "wd0.1": ("decoupled weight decay 0.1 (every parameter; the preset had none)", ["optim.weight_decay=0.1"]),
+    "wd0.2": ("decoupled weight decay 0.2 on every parameter (the preset: 0.1)", ["optim.weight_decay=0.2"]),
+    "wd0.05": ("decoupled weight decay 0.05 on every parameter (the preset: 0.1)", ["optim.weight_decay=0.05"]),
+    "decaymat": ("weight decay 0.1 on the matrices only, not the norm weights", ["optim.decay=matrices"]),
+    "decayhid": ("weight decay 0.1 on the hidden matrices only, not lm_head or norms", ["optim.decay=hidden"]),
     "ep4": ("4 epochs (with --epochs 2: twice the passes, about Muon's minutes)", ["optim.epochs=4"]),
     "decay1": ("TTT step weights 1, 1, 1", ["head.ttt_decay=1.0"]),
     "decay0.5": ("TTT step weights 1, 0.5, 0.25", ["head.ttt_decay=0.5"]),
@@ -175,7 +185,7 @@ def overrides(spec: str, regen: str | None, features: str | None = None) -> list
     return [o for o in out if last[o.split("=", 1)[0]] is o]
 
 
-def train(name: str, spec: str, args, run_dir: Path) -> None:
+def train(name: str, spec: str, args, run_dir: Path, threads: int | None = None) -> None:
     if (run_dir / "done").is_file():
         print(f"[{name}] finished earlier: {run_dir}", flush=True)
         return
@@ -211,8 +221,9 @@ def train(name: str, spec: str, args, run_dir: Path) -> None:
         cmd.append("resume=auto")
     print(f"[{name}] " + " ".join(cmd[2:]), flush=True)
     t0 = time.time()
-    with open(run_dir.with_suffix(".log"), "a") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}
+    with open(run_dir.parent / f"{run_dir.name}.log", "a") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     (run_dir / "done").write_text(f"{time.time() - t0:.0f}\n")
 
 
@@ -285,6 +296,36 @@ def vocab_coverage(regen: str, sizes=(2048, 4096, 8192, 16384)) -> list[dict]:
     ]
 
 
+def serve_workloads(out: Path, heads: dict, workloads: list[str], n: int, args) -> tuple[dict, str]:
+    """Every head beside none, ngram and suffix on the first `n` prompts of each bench workload (mtbench, code),
+    one served run per workload; (summary, markdown table of tokens per target step). Writes
+    out/bench_prompts/{summary.json, WORKLOAD/, workloads/WORKLOAD.jsonl}."""
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.eval.prompts import load_workload
+
+    root = out / "bench_prompts"
+    sfile = root / "summary.json"
+    summary = json.loads(sfile.read_text()) if sfile.exists() else {}
+    keys = ("status", "mean_acceptance_length", "tokens_per_target_step", "per_position_acceptance",
+            "output_tokens_per_s", "match_vs_none")  # fmt: skip
+    for spec in workloads:
+        name, records, _ = load_workload(spec, n, None)
+        f = root / "workloads" / f"{name}.jsonl"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(json.dumps(r) + "\n" for r in records))
+        r = run_acceptance("smollm2", str(f), ["none", "ngram", "suffix"], heads, k=args.k,
+                           max_tokens=args.max_tokens, num_prompts=n, out_dir=str(root / name),
+                           batch_size=args.batch_size)  # fmt: skip
+        summary[name] = {m: {k: row.get(k) for k in keys} for m, row in r["methods"].items()}
+        sfile.write_text(json.dumps(summary, indent=1))
+    methods = [*heads, "ngram", "suffix"]
+    lines = ["| workload | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for name, rows in summary.items():
+        cells = [f"{(rows.get(m) or {}).get('tokens_per_target_step') or 0:.2f}" for m in methods]
+        lines.append(f"| {name} ({n} prompts) | " + " | ".join(cells) + " |")
+    return summary, "tokens per target step on the bench prompts:\n\n" + "\n".join(lines)
+
+
 def curve_points(run_dir: Path, every_min: float) -> list[tuple[float, Path, float | None]]:
     """(minutes, checkpoint, simulated τ) of the checkpoints kept, one per `every_min` minutes at most."""
     points, last = [], -1e9
@@ -325,6 +366,19 @@ def main() -> int:
         help="prompts per engine step while serving: acceptance is per request, so batching only speeds "
         "the bench up (tok/s are then batch throughput; use 1 for latency figures)",
     )
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="train the levers at the same time, one process with one torch thread each (an A/B at equal "
+        "minutes on a 2-core machine: two levers, one core each); runs already done are reused",
+    )
+    ap.add_argument(
+        "--workloads",
+        default="",
+        help="also serve every head on these bench workloads (comma list: mtbench, code), one run per workload, "
+        "--workload-prompts prompts each; figures in bench_prompts/summary.json",
+    )
+    ap.add_argument("--workload-prompts", type=int, default=40)
     ap.add_argument("--train-only", action="store_true")
     args = ap.parse_args()
     if not args.tokens and not args.minutes and not args.epochs:
@@ -340,10 +394,24 @@ def main() -> int:
         specs.append(args.curve)
     for s in specs:
         overrides(s, args.regen_data)  # fail on a bad lever before hours of training
+    from draftsmith.eval.prompts import PromptFileError, load_workload
+
+    for w in [w for w in args.workloads.split(",") if w]:
+        try:  # and on a workload that names no prompts (mtbench, code, NAME=FILE.jsonl)
+            load_workload(w, 1, None)
+        except PromptFileError as e:
+            raise SystemExit(f"--workloads {w}: {e}") from None
     runs = {s: out / "runs" / s for s in specs}
     for s in specs:
         runs[s].mkdir(parents=True, exist_ok=True)
-        train(s, s, args, runs[s])
+    if args.side_by_side:  # every lever at once, one torch thread each: equal minutes on equal shares of the cores
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(specs)) as pool:
+            list(pool.map(lambda s: train(s, s, args, runs[s], threads=1), specs))
+    else:
+        for s in specs:
+            train(s, s, args, runs[s])
     if args.train_only:
         return 0
 
@@ -440,10 +508,17 @@ def main() -> int:
                 for c in curve
             )
         )
+    workloads = [w for w in args.workloads.split(",") if w]
+    bench = {}
+    if workloads:
+        final = {served(s): heads[served(s)] for s in specs}
+        bench, bench_table = serve_workloads(out, final, workloads, args.workload_prompts, args)
+        table += "\n\n" + bench_table
     (out / "bench.json").write_text(
         json.dumps(
             {
                 "levers": info,
+                "bench_prompts": bench,
                 "curve": curve,
                 "vocab_coverage": coverage,
                 "args": vars(args),

@@ -171,6 +171,34 @@ def test_ns_steps_reaches_muon_from_the_config(tiny_model):
         assert [gr["ns_steps"] for gr in opt.param_groups if gr["muon"]] == [n]
 
 
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_decay_modes_decay_what_they_name(tiny_model, name):
+    """optim.decay: all shrinks every parameter, matrices spares the norm weights, hidden spares lm_head too.
+    With zero gradients AdamW's and Muon's own steps are zero, so what moves is the decay alone."""
+    from draftsmith.train.config import compose_config
+
+    spared = {"all": set(), "matrices": set(), "hidden": set()}
+    for mode in spared:
+        head = tiny_head(tiny_model)
+        before = {n: p.detach().clone() for n, p in head.named_parameters() if p.requires_grad}
+        over = [f"optim.name={name}", "optim.weight_decay=0.5", "optim.lr=0.1", f"optim.decay={mode}"]
+        opt = build_optimizer(compose_config(["conf=eagle3_smollm2", *over]).optim, head)
+        for p in head.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        for n, p in head.named_parameters():
+            if n in before:
+                if torch.equal(p, before[n]):
+                    spared[mode].add(n)
+                else:
+                    torch.testing.assert_close(p, before[n] * (1 - 0.1 * 0.5))
+    assert spared["all"] == set()
+    assert spared["matrices"] and all(before[n].ndim == 1 for n in spared["matrices"])  # the norm weights
+    assert "lm_head.weight" in spared["hidden"] and spared["matrices"] < spared["hidden"]
+    assert "fc.weight" not in spared["hidden"]
+
+
 def test_muon_refuses_sharded_launches(tiny_model):
     cfg = OptimConfig(name="muon", lr=1e-3)
     from draftsmith.errors import ConfigError

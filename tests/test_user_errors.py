@@ -45,6 +45,7 @@ def compose(*overrides):
         ("optim.grad_clip=0", "optim.grad_clip=0.0"),
         ("optim.grad_accum=0", "optim.grad_accum=0"),
         ("optim.ns_steps=0", "optim.ns_steps=0"),
+        ("optim.decay=norms", "optim.decay=norms"),
         ("optim.betas=[0.9,1.5]", "optim.betas="),
         ("head.ttt_steps=0", "head.ttt_steps=0"),
         ("head.num_layers=0", "head.num_layers=0"),

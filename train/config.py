@@ -99,7 +99,8 @@ class OptimConfig:
     # so on a CPU the iteration is a large share of a small head's step (bench/train_step.py --optim muon)
     ns_steps: int = 5
     lr: float = 1e-4
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # decoupled (AdamW's), on the parameters optim.decay names
+    decay: str = "all"  # all | matrices (not norm weights) | hidden (only the hidden matrices: not lm_head, norms)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
@@ -164,6 +165,7 @@ CHOICES = {
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
     "stage2.backend": ("auto", "vllm", "hf"),
     "optim.name": ("adamw", "muon"),
+    "optim.decay": ("all", "matrices", "hidden"),
 }
 
 

@@ -99,14 +99,42 @@ def muon_groups(head: nn.Module) -> list[dict]:
     return [{"params": hidden, "muon": True}, {"params": rest, "muon": False}]
 
 
+def decays(name: str, p: torch.Tensor, mode: str) -> bool:
+    """Whether optim.decay=`mode` applies weight decay to parameter `name`: all | matrices (not the norm weights
+    and other vectors) | hidden (only the hidden matrices Muon steps: not lm_head, the embeddings, the vectors)."""
+    if mode == "all":
+        return True
+    if mode == "matrices":
+        return p.ndim >= 2
+    if mode == "hidden":
+        return p.ndim == 2 and not name.startswith(OUTPUT_SIDE)
+    raise ConfigError(f"optim.decay={mode!r}: expected all | matrices | hidden")
+
+
+def split_decay(groups: list[dict], names: dict, weight_decay: float, mode: str) -> list[dict]:
+    """`groups` with each split into its decayed and undecayed parameters (weight_decay 0 on the latter); with
+    mode=all, the groups as they are (so checkpoints of runs from before optim.decay resume)."""
+    if mode == "all":
+        return groups
+    out = []
+    for g in groups:
+        for on in (True, False):
+            params = [p for p in g["params"] if decays(names[p], p, mode) == on]
+            if params:
+                out.append({**g, "params": params, "weight_decay": weight_decay if on else 0.0})
+    return out
+
+
 def build_optimizer(optim_cfg, head: nn.Module, distributed: str = "no") -> torch.optim.Optimizer:
     """optim.name's optimizer over the head's trainable parameters. `distributed`: accelerate's distributed type
     name; Muon needs whole matrices, so it refuses the sharded ones (DeepSpeed, FSDP). `optim_cfg`: the run's
     optim config or an OptimConfig (train/config.py holds every default)."""
-    name = optim_cfg.name
-    kw = dict(lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), weight_decay=optim_cfg.weight_decay)
+    name, wd, mode = optim_cfg.name, optim_cfg.weight_decay, optim_cfg.decay
+    kw = dict(lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), weight_decay=wd)
+    names = {p: n for n, p in head.named_parameters()}
     if name == "adamw":
-        return torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], **kw)
+        groups = [{"params": [p for p in head.parameters() if p.requires_grad]}]
+        return torch.optim.AdamW(split_decay(groups, names, wd, mode), **kw)
     if name == "muon":
         if distributed.upper() in ("DEEPSPEED", "FSDP"):
             raise ConfigError(
@@ -117,5 +145,6 @@ def build_optimizer(optim_cfg, head: nn.Module, distributed: str = "no") -> torc
 
         device = next(p.device for p in head.parameters())
         # bf16 Newton-Schulz where it is faster
-        return MuonAdamW(muon_groups(head), ns_steps=optim_cfg.ns_steps, ns_bf16=fast_bf16(device), **kw)
+        groups = split_decay(muon_groups(head), names, wd, mode)
+        return MuonAdamW(groups, ns_steps=optim_cfg.ns_steps, ns_bf16=fast_bf16(device), **kw)
     raise ConfigError(f"optim.name={name!r}: expected adamw | muon")

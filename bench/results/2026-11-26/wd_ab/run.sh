@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# 60-minute A/B, side by side, one torch thread each: weight decay 0.2 vs decay 0.1 on the hidden matrices only
+# (baseline: runs/preset = ../optim_ab/runs/preset+wd0.1, the preset as it is now (weight decay 0.1 on every
+# parameter), trained 2026-11-26 under the same conditions)
+set -euo pipefail
+cd "$(dirname "$0")/../../../.."  # the repo root
+out=bench/results/2026-11-26/wd_ab
+for lever in preset+wd0.2 preset+decayhid; do
+  OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup .venv/bin/python bench/acceptance_per_minute.py --out $out --minutes 60 \
+    --tokens 4000000 --levers $lever --curve $lever --curve-every 400 --train-only > $out/ab_$lever.log 2>&1 &
+done
+wait
+echo done
+
+# then, with both cores free: the three heads, ngram, suffix and none on the 64 held-out chat prompts (one run),
+# then on the first 40 MT-Bench and 40 HumanEval prompts (one run per workload); batch 8, greedy, k=3
+.venv/bin/python bench/acceptance_per_minute.py --out $out --minutes 60 --tokens 4000000 \
+  --levers preset,preset+wd0.2,preset+decayhid --num-prompts 64 > $out/serve_chat.log 2>&1
+echo chat done
+.venv/bin/python bench/results/2026-11-26/capacity_ab/serve_bench.py $out/bench_prompts 40 \
+  "preset=$out/exported/preset,preset_wd0.2=$out/exported/preset+wd0.2,preset_decayhid=$out/exported/preset+decayhid" \
+  > $out/serve_bench.log 2>&1
+echo bench done

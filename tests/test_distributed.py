@@ -63,6 +63,9 @@ def tiny_args(target_dir, data_file, out_dir, *overrides) -> list[str]:
         "eval_batches=1",
         "wandb.mode=disabled",
         "mixed_precision=no",
+        # the target's dtype and Muon's Newton-Schulz dtype follow fast_bf16; a timed probe in each of two runs
+        # that are compared with each other could answer differently, so both take fp32
+        "fast_bf16=false",
         f"output_dir={out_dir}",
         *overrides,
     ]

@@ -207,6 +207,7 @@ def test_auto_precision_follows_the_timed_probe(monkeypatch):
 
     from draftsmith.train import build
 
+    monkeypatch.setattr(build, "_PINNED", [])  # no training run's decision pinned in this process
     flags = open("/proc/cpuinfo").read()
     if " avx512_bf16" not in flags and " amx_bf16" not in flags:
         assert not build.fast_bf16(torch.device("cpu"))  # no native bf16: never, whatever a probe would say
@@ -216,3 +217,7 @@ def test_auto_precision_follows_the_timed_probe(monkeypatch):
         assert build.fast_bf16(torch.device("cpu")) is want, speedup
         assert build.target_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if want else torch.float32)
     assert build.target_dtype("float32", torch.device("cpu")) == torch.float32
+    # a run's pinned decision wins over the probe (train/run.py pins what its checkpoints record)
+    monkeypatch.setattr(build, "_cpu_bf16_speedup", lambda: 2.0)
+    build.pin_fast_bf16(False)
+    assert not build.fast_bf16(torch.device("cpu")) and build.target_dtype("auto", torch.device("cpu")) == torch.float32

@@ -32,15 +32,18 @@ def pin_fast_bf16(value: bool) -> None:
 
 
 def fast_bf16(device: torch.device) -> bool:
+    """Whether bf16 kernels are faster here: the training run's decision once train/run.py pinned it (`fast_bf16`
+    in its config and checkpoints), else `probe_fast_bf16`."""
+    return _PINNED[0] if _PINNED else probe_fast_bf16(device)
+
+
+def probe_fast_bf16(device: torch.device) -> bool:
     """bf16 where it is faster here: Ampere+ GPUs; on CPUs with AVX512-BF16 or AMX, only when a timed probe says so.
 
     CPU flags alone mislead: on a 2-core AVX512-BF16 EPYC the bf16 head step ran 2-3x faster than fp32, on a
     2-core AVX512-BF16 Xeon without AMX it ran 1.5x slower (bench/train_step.py). So `auto` times one matmul of a
-    head-layer shape in both dtypes (~0.1 s, once per process) and takes bf16 only at >= 1.2x. A training run's
-    own decision (`fast_bf16` in its config, pinned by train/run.py) overrides the probe.
+    head-layer shape in both dtypes (~0.1 s, once per process) and takes bf16 only at >= 1.2x.
     """
-    if _PINNED:
-        return _PINNED[0]
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     try:

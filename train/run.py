@@ -48,9 +48,9 @@ def main(cfg: DictConfig) -> dict:
 
 def run(cfg: DictConfig) -> dict:
     import torch
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
 
-    from draftsmith.train.build import build_head, build_run, build_target, fast_bf16, pin_fast_bf16
+    from draftsmith.train.build import build_head, build_run, build_target, pin_fast_bf16, probe_fast_bf16
     from draftsmith.train.checkpoint import prepare_run_dir, recorded_fast_bf16
     from draftsmith.train.config import validate_config
     from draftsmith.train.loop import print0, train
@@ -71,7 +71,14 @@ def run(cfg: DictConfig) -> dict:
     elif recorded is not None:
         fast, source = recorded[0], f"recorded in {recorded[1]}"
     else:
-        fast, source = fast_bf16(device), "timed probe"
+        fast, source = probe_fast_bf16(device), "timed probe"
+        state = PartialState()  # the process group, before the Accelerator that takes the decision
+        if state.num_processes > 1:  # each rank timed its own probe: every rank takes rank 0's answer
+            import torch.distributed as dist
+
+            vote = torch.tensor([int(fast)], device=state.device)
+            dist.broadcast(vote, src=0)
+            fast, source = bool(vote.item()), "rank 0's timed probe"
     pin_fast_bf16(fast)
     with open_dict(cfg):
         cfg.fast_bf16 = fast

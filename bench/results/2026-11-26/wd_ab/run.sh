@@ -13,11 +13,9 @@ wait
 echo done
 
 # then, with both cores free: the three heads, ngram, suffix and none on the 64 held-out chat prompts (one run),
-# then on the first 40 MT-Bench and 40 HumanEval prompts (one run per workload); batch 8, greedy, k=3
+# then on the first 40 MT-Bench and 40 HumanEval prompts (one run per workload); batch 8, greedy, k=3.
+# (The training above ran from this script; the serving below, as one command with --workloads, by hand after
+# it: the option was added while the runs trained, replacing ../capacity_ab/serve_bench.py.)
 .venv/bin/python bench/acceptance_per_minute.py --out $out --minutes 60 --tokens 4000000 \
-  --levers preset,preset+wd0.2,preset+decayhid --num-prompts 64 > $out/serve_chat.log 2>&1
-echo chat done
-.venv/bin/python bench/results/2026-11-26/capacity_ab/serve_bench.py $out/bench_prompts 40 \
-  "preset=$out/exported/preset,preset_wd0.2=$out/exported/preset+wd0.2,preset_decayhid=$out/exported/preset+decayhid" \
-  > $out/serve_bench.log 2>&1
-echo bench done
+  --levers preset,preset+wd0.2,preset+decayhid --num-prompts 64 --workloads mtbench,code > $out/serve.log 2>&1
+echo served

@@ -17,5 +17,5 @@ echo done
 # (The training above ran from this script; the serving below, as one command with --workloads, by hand after
 # it: the option was added while the runs trained, replacing ../capacity_ab/serve_bench.py.)
 .venv/bin/python bench/acceptance_per_minute.py --out $out --minutes 60 --tokens 4000000 \
-  --levers preset,preset+wd0.2,preset+decayhid --num-prompts 64 --workloads mtbench,code > $out/serve.log 2>&1
+  --levers preset,preset+wd0.2,preset+decayhid --side-by-side --num-prompts 64 --workloads mtbench,code > $out/serve.log 2>&1
 echo served

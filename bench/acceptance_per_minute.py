@@ -396,7 +396,8 @@ def main() -> int:
         overrides(s, args.regen_data)  # fail on a bad lever before hours of training
     from draftsmith.eval.prompts import PromptFileError, load_workload
 
-    for w in [w for w in args.workloads.split(",") if w]:
+    workloads = [w for w in args.workloads.split(",") if w]
+    for w in workloads:
         try:  # and on a workload that names no prompts (mtbench, code, NAME=FILE.jsonl)
             load_workload(w, 1, None)
         except PromptFileError as e:
@@ -508,7 +509,6 @@ def main() -> int:
                 for c in curve
             )
         )
-    workloads = [w for w in args.workloads.split(",") if w]
     bench = {}
     if workloads:
         final = {served(s): heads[served(s)] for s in specs}

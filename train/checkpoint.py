@@ -231,10 +231,9 @@ def recorded_fast_bf16(run_dir: Path, resume: str | None) -> tuple[bool, Path] |
     yet, it predates the record, or it cannot be read (the resume itself then reports why)."""
     if not resume:
         return None
-    found = checkpoints(run_dir) if resume == "auto" else [Path(resume)]
-    try:
-        ckpt = resolve_checkpoint(found[-1]) if found else None
-        value = json.loads((ckpt / "head.json").read_text()).get("fast_bf16") if ckpt else None
+    try:  # the checkpoint start_session will resolve: a run dir's latest, or the one named
+        ckpt = resolve_checkpoint(run_dir if resume == "auto" else resume)
+        value = json.loads((ckpt / "head.json").read_text()).get("fast_bf16")
     except (CheckpointError, OSError, ValueError):
         return None
     return None if value is None else (bool(value), ckpt)

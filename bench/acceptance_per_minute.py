@@ -27,8 +27,10 @@ served on the held-out chat prompts and on MT-Bench and HumanEval):
 
 Then one `draftsmith eval acceptance` run serves no speculation, ngram, suffix and every head on the
 same held-out prompts (the baseline run's held-out split; a head whose training data contains one of
-them is refused). `--curve LEVER` also serves that lever's intermediate checkpoints and plots served and
-simulated τ against training minutes (curve.png). Finished runs are reused, so a re-run only serves.
+them is refused). `--curve LEVER[,LEVER...]` checkpoints and evaluates those levers every --curve-every steps,
+serves their intermediate checkpoints (one per --curve-min-gap minutes) and plots served and simulated τ against
+training minutes (curve.png); bench.md also lists each curve lever's simulated τ at every evaluated step (an
+equal-step comparison beside the equal-minute one). Finished runs are reused, so a re-run only serves.
 Writes bench.json and bench.md under --out; not a test: figures depend on the machine.
 """
 
@@ -208,7 +210,7 @@ def train(name: str, spec: str, args, run_dir: Path, threads: int | None = None)
             else []
         ),
     ]
-    if spec == args.curve:  # keep every checkpoint for the curve
+    if spec in args.curve:  # keep every checkpoint for the curve
         cmd += [
             f"save_every={args.curve_every}",
             f"eval_every={args.curve_every}",
@@ -339,6 +341,27 @@ def curve_points(run_dir: Path, every_min: float) -> list[tuple[float, Path, flo
     return points
 
 
+def eval_curve(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """{step: (minutes, simulated τ)} of every held-out evaluation in a run's metrics.jsonl."""
+    out, elapsed = {}, 0.0
+    for r in (json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()):
+        elapsed = r.get("elapsed_s", elapsed)  # an eval row follows its step's training row (when one was logged)
+        if "eval/acc" in r:
+            out[r["step"]] = (elapsed / 60, r["eval/sim_accept_len"])
+    return out
+
+
+def sim_by_step(curves: dict[str, dict[int, tuple[float, float]]]) -> str:
+    """A markdown table of held-out simulated τ per evaluated step, one column per lever (equal steps)."""
+    steps = sorted({s for c in curves.values() for s in c})
+    head = ["| step | " + " | ".join(curves) + " |", "|---|" + "---|" * len(curves)]
+    lines = ["held-out simulated τ by step:", "", *head]
+    for st in steps:
+        cells = [f"{c[st][1]:.3f} ({c[st][0]:.0f} min)" if st in c else "—" for c in curves.values()]
+        lines.append(f"| {st} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results/apm")
@@ -353,7 +376,12 @@ def main() -> int:
         help="features for lever `offline` (default: the run extracts them into the draftsmith cache "
         "before its clock starts, once per target and data)",
     )
-    ap.add_argument("--curve", default=None, help="a lever from --levers whose checkpoints make the τ-vs-minutes curve")
+    ap.add_argument(
+        "--curve",
+        default="",
+        type=lambda v: [c for c in v.split(",") if c],
+        help="levers (comma list) whose checkpoints make the τ-vs-minutes curves",
+    )
     ap.add_argument("--curve-every", type=int, default=200, help="checkpoint every N steps in the curve run")
     ap.add_argument("--curve-min-gap", type=float, default=5.0, help="minutes between served curve points")
     ap.add_argument("--num-prompts", type=int, default=24)
@@ -390,8 +418,7 @@ def main() -> int:
     if any("own" in s.split("+") for s in args.levers.split(",")):
         equal_data_source(out)
     specs = [s for s in args.levers.split(",") if s]
-    if args.curve and args.curve not in specs:
-        specs.append(args.curve)
+    specs += [c for c in args.curve if c not in specs]
     for s in specs:
         overrides(s, args.regen_data)  # fail on a bad lever before hours of training
     from draftsmith.eval.prompts import PromptFileError, load_workload
@@ -431,11 +458,13 @@ def main() -> int:
         heads[served(s)] = export(runs[s], out / "exported" / s)
         info[s] = {"overrides": overrides(s, args.regen_data, args.features_dir), **summary(runs[s])}
     curve = []
-    if args.curve:
-        for m, ck, sim in curve_points(runs[args.curve], args.curve_min_gap):
-            name = f"{served(args.curve)}-at-{m:.0f}min"
-            heads[name] = export(ck, out / "exported" / name)
-            curve.append({"name": name, "minutes": m, "sim_tau": sim})
+    for c in args.curve:
+        points = curve_points(runs[c], args.curve_min_gap)
+        for i, (m, ck, sim) in enumerate(points):
+            name = served(c) if i == len(points) - 1 else f"{served(c)}-at-{m:.0f}min"  # the last is the lever's head
+            if name not in heads:
+                heads[name] = export(ck, out / "exported" / name)
+            curve.append({"lever": c, "name": name, "minutes": m, "sim_tau": sim})
     coverage = vocab_coverage(args.regen_data) if args.regen_data else []
     if coverage:
         print(
@@ -488,8 +517,16 @@ def main() -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([c["minutes"] for c in curve], [c["served_tau"] for c in curve], "o-", label=f"{args.curve} served τ")
-        ax.plot([c["minutes"] for c in curve], [c["sim_tau"] for c in curve], "s--", label=f"{args.curve} simulated τ")
+        for lever in args.curve:
+            pts = [c for c in curve if c["lever"] == lever]
+            line = ax.plot([c["minutes"] for c in pts], [c["served_tau"] for c in pts], "o-", label=f"{lever} served τ")
+            ax.plot(
+                [c["minutes"] for c in pts],
+                [c["sim_tau"] for c in pts],
+                "s--",
+                color=line[0].get_color(),
+                label=f"{lever} simulated τ",
+            )
         for b, style in (("ngram", ":"), ("suffix", "-.")):
             if rows[b].get("mean_acceptance_length"):
                 ax.axhline(rows[b]["mean_acceptance_length"], ls=style, color="gray", label=f"{b} τ")
@@ -500,15 +537,13 @@ def main() -> int:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / "curve.png", dpi=120)
-        table += (
-            "\n\ncurve ("
-            + args.curve
-            + "): "
-            + ", ".join(
+        for lever in args.curve:
+            table += f"\n\ncurve ({lever}): " + ", ".join(
                 f"{c['minutes']:.0f} min: served τ {c['served_tau'] or 0:.2f} (sim {c['sim_tau'] or 0:.2f})"
                 for c in curve
+                if c["lever"] == lever
             )
-        )
+        table += "\n\n" + sim_by_step({c: eval_curve(runs[c]) for c in args.curve})
     bench = {}
     if workloads:
         final = {served(s): heads[served(s)] for s in specs}

@@ -120,11 +120,13 @@ LEVERS = {
     "lr1e-3": ("peak lr 1e-3", ["optim.lr=1e-3"]),
     "lr6e-3": ("peak lr 6e-3", ["optim.lr=6e-3"]),
     "ns3": ("Muon with 3 Newton-Schulz iterations instead of 5 (~12 % more steps per minute)", ["optim.ns_steps=3"]),
-    "wd0.1": ("decoupled weight decay 0.1 (every parameter; the preset had none)", ["optim.weight_decay=0.1"]),
-    "wd0.2": ("decoupled weight decay 0.2 on every parameter (the preset: 0.1)", ["optim.weight_decay=0.2"]),
-    "wd0.05": ("decoupled weight decay 0.05 on every parameter (the preset: 0.1)", ["optim.weight_decay=0.05"]),
-    "decaymat": ("weight decay 0.1 on the matrices only, not the norm weights", ["optim.decay=matrices"]),
-    "decayhid": ("weight decay 0.1 on the hidden matrices only, not lm_head or norms", ["optim.decay=hidden"]),
+    "wd0.1": ("decoupled weight decay 0.1 on every parameter", ["optim.weight_decay=0.1"]),
+    "wd0.2": ("decoupled weight decay 0.2 on every parameter", ["optim.weight_decay=0.2"]),
+    "wd0.05": ("decoupled weight decay 0.05 on every parameter", ["optim.weight_decay=0.05"]),
+    "wd0.3": ("decoupled weight decay 0.3 on every parameter", ["optim.weight_decay=0.3"]),
+    "wd0.4": ("decoupled weight decay 0.4 on every parameter", ["optim.weight_decay=0.4"]),
+    "decaymat": ("weight decay on the matrices only (lm_head too), not the norm weights", ["optim.decay=matrices"]),
+    "decayhid": ("weight decay on the hidden matrices only, not lm_head or norms", ["optim.decay=hidden"]),
     "ep4": ("4 epochs (with --epochs 2: twice the passes, about Muon's minutes)", ["optim.epochs=4"]),
     "decay1": ("TTT step weights 1, 1, 1", ["head.ttt_decay=1.0"]),
     "decay0.5": ("TTT step weights 1, 0.5, 0.25", ["head.ttt_decay=0.5"]),
@@ -384,6 +386,11 @@ def main() -> int:
     )
     ap.add_argument("--curve-every", type=int, default=200, help="checkpoint every N steps in the curve run")
     ap.add_argument("--curve-min-gap", type=float, default=5.0, help="minutes between served curve points")
+    ap.add_argument(
+        "--curve-sim-only",
+        action="store_true",
+        help="curve levers: simulated τ at every evaluated step, but serve only their final heads",
+    )
     ap.add_argument("--num-prompts", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=3)
@@ -459,7 +466,7 @@ def main() -> int:
         info[s] = {"overrides": overrides(s, args.regen_data, args.features_dir), **summary(runs[s])}
     curve = []
     for c in args.curve:
-        points = curve_points(runs[c], args.curve_min_gap)
+        points = curve_points(runs[c], args.curve_min_gap)[-1 if args.curve_sim_only else 0 :]
         for i, (m, ck, sim) in enumerate(points):
             name = served(c) if i == len(points) - 1 else f"{served(c)}-at-{m:.0f}min"  # the last is the lever's head
             if name not in heads:

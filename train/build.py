@@ -184,6 +184,16 @@ def warm_start(head: Eagle3Head, target: Target) -> None:
     warm_start_output(head, target)
 
 
+def regen_pool_path(data_cfg, target_path: str) -> Path:
+    """The cached pool of answers that data.path=regen:SOURCE draws on: one file per (target, source, length cap,
+    temperature, seed), under the draftsmith cache."""
+    import hashlib
+
+    source = data_cfg.path[len("regen:") :]
+    key = json.dumps([str(target_path), source, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed])
+    return cache_dir() / "regen" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".jsonl")
+
+
 def regenerated_path(data_cfg, target_path: str) -> str:
     """For data.path=regen:SOURCE, the JSONL of SOURCE's user turns re-answered by the target (the first
     `data.regen_turns` of each conversation), made once, cached under the draftsmith cache; a killed run resumes it.
@@ -193,13 +203,10 @@ def regenerated_path(data_cfg, target_path: str) -> str:
     the pool's records of SOURCE's first `num_conversations` conversations in source order, each cut back to its
     first `regen_turns` answers, so the data (and its held-out split) for a size never depends on what larger sizes
     were made before."""
-    import hashlib
-
     from draftsmith.train.data.regenerate import read_pool, regenerate, truncate_turns
 
     source = data_cfg.path[len("regen:") :]
-    key = json.dumps([str(target_path), source, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed])
-    pool = cache_dir() / "regen" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".jsonl")
+    pool = regen_pool_path(data_cfg, target_path)
     n = data_cfg.num_conversations
     turns = int(data_cfg.get("regen_turns", 1))
     name = pool.stem + (f".first{n}" if n is not None else ".all") + (f".turns{turns}" if turns > 1 else "")

@@ -148,6 +148,38 @@ def test_regen_pool_grows_with_num_conversations(tiny_target_dir, tmp_path, monk
     assert calls[-1]["generated"] == 1 and len(open(everything).read().splitlines()) == 7
 
 
+def test_seeded_regen_pool_is_used_as_is(tiny_target_dir, tmp_path, monkeypatch):
+    """A pool written where regen_pool_path points (what bench/seed_regen_pool.py does on a fresh machine) is the
+    run's data: a fresh cache seeded with another cache's pool generates nothing and gives the same view, byte for
+    byte."""
+    from omegaconf import OmegaConf
+
+    import draftsmith.train.data.regenerate as regen_mod
+    from draftsmith.train.build import regen_pool_path, regenerated_path
+
+    monkeypatch.setattr(regen_mod, "resolve_backend", lambda backend: "hf")
+    calls = []
+    real = regen_mod.regenerate
+    monkeypatch.setattr(regen_mod, "regenerate", lambda *a, **kw: calls.append(real(*a, **kw)) or calls[-1])
+    src = tmp_path / "src.jsonl"
+    _write_source(src, 3)
+    cfg = OmegaConf.create(
+        {"path": f"regen:{src}", "num_conversations": 3, "regen_max_tokens": 5, "regen_temperature": 0.0, "seed": 0}
+    )
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "made"))
+    made = open(regenerated_path(cfg, str(tiny_target_dir)), "rb").read()
+    pool = regen_pool_path(cfg, str(tiny_target_dir))
+    assert calls[-1]["generated"] == 3 and pool.is_file()
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "fresh"))
+    seeded = regen_pool_path(cfg, str(tiny_target_dir))
+    assert seeded != pool and not seeded.exists()
+    seeded.parent.mkdir(parents=True)
+    seeded.write_bytes(pool.read_bytes())
+    assert open(regenerated_path(cfg, str(tiny_target_dir)), "rb").read() == made
+    assert len(calls) == 2 and calls[-1]["generated"] == 0 and calls[-1]["resumed_with"] == 3
+
+
 @pytest.mark.slow
 def test_regenerate_with_vllm_equals_hf_greedy(tiny_target_dir, tmp_path):
     """Both backends give the target's greedy answer: the same token ids on a tiny fp32 target."""

@@ -1,6 +1,6 @@
 """Put a stored pool of regenerated answers where a `data.path=regen:SOURCE` run looks for it, so the run (or a
-bench A/B) starts at feature extraction instead of regenerating (~50 minutes for the preset's 4,000 first turns on
-2 cores).
+bench A/B) starts at feature extraction instead of regenerating (55 minutes for the preset's 4,000 first turns on 2
+cores, measured 2026-11-26).
 
     python bench/seed_regen_pool.py bench/data/regen-smollm2-sharegpt.jsonl.xz            # the preset's pool
     python bench/seed_regen_pool.py POOL.jsonl.xz conf=eagle3_smollm2 data.regen_max_tokens=128   # another setting
@@ -17,9 +17,6 @@ import argparse
 import lzma
 import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> int:

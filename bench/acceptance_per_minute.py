@@ -77,6 +77,10 @@ LEVERS = {
         "twice the preset's regenerated data: 4,000 first turns (3,738 asked; prompts over 1,024 tokens skipped)",
         ["data.path=regen:sharegpt", "data.num_conversations=4000", "data.heldout=128"],
     ),
+    "conv8000": (
+        "twice the preset's first turns: 8,000 (prompts over 1,024 tokens skipped)",
+        ["data.path=regen:sharegpt", "data.num_conversations=8000", "data.heldout=128"],
+    ),
     "turns2": (
         "the second user turn too, asked after the target's own first answer (data.regen_turns=2)",
         ["data.regen_turns=2"],

@@ -436,3 +436,41 @@ def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_tar
     assert [r["loss"] for r in a] == [r["loss"] for r in b] and len(a) == 4
     assert a[-1]["target_tokens"] == 0 and b[-1]["target_tokens"] == 0
     assert f"features_dir: {dirs[0]}" in (tmp_path / "b" / "config.yaml").read_text()  # the run records where they were
+
+
+def test_features_of_more_aux_layers_train_a_run_on_some_of_them(tiny_target_dir, data_file, tmp_path):
+    """One extraction with a superset of aux layers serves a run on any of them: the reader takes the run's columns,
+    in the run's order, so its features, losses and held-out eval equal those of an extraction of exactly its
+    layers; ids outside the superset, and resuming an extraction with other ids, are refused by name."""
+    from draftsmith.train.config import compose_config as compose
+    from draftsmith.train.features.shards import ShardStore
+
+    args = lambda name, *extra: overrides(tiny_target_dir, data_file, tmp_path / name, *extra)  # noqa: E731
+    wide, exact = tmp_path / "wide", tmp_path / "exact"
+    run_extract(args("x", "target.aux_layer_ids=[0,1,2,3,4]"), wide, shard_size="96K")
+    run_extract(args("x"), exact, shard_size="1M")  # the run's own ids, [1, 3, 4]
+    assert load_manifest(wide)["aux_dim"] == 5 * 128 and load_manifest(exact)["aux_dim"] == 3 * 128
+    for sub in ("", "heldout"):
+        a, b = ShardStore(wide / sub, aux_layer_ids=[1, 3, 4]), ShardStore(exact / sub)
+        assert a.where.keys() == b.where.keys() and len(a.where) in (32, 4)
+        for i in a.where:
+            assert torch.equal(a.get(i)["aux"], b.get(i)["aux"])
+        assert not torch.equal(ShardStore(wide / sub, aux_layer_ids=[1, 2, 4]).get(0)["aux"], b.get(0)["aux"])
+
+    with_eval = ("data.features=offline", "eval_every=6", "eval_batches=2")
+    from_wide = train_in_process(args("wide_run", *with_eval, f"data.features_dir={wide}"))
+    from_exact = train_in_process(args("exact_run", *with_eval, f"data.features_dir={exact}"))
+    assert [r["loss"] for r in from_wide] == [r["loss"] for r in from_exact] and len(from_wide) == 12
+
+    def evals(name):
+        rows = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+        return [(r["step"], r["eval/loss"], r["eval/acc"]) for r in rows if "eval/acc" in r]
+
+    assert evals("wide_run") == evals("exact_run") and len(evals("wide_run")) == 2
+    assert from_wide[-1]["target_tokens"] == 0
+
+    use = ["data.features=offline", f"data.features_dir={wide}"]
+    with pytest.raises(ShardError, match=r"extracted \[0, 1, 2, 3, 4\], this run uses \[1, 3, 5\] \(features extr"):
+        _feature_source(compose(args("y", *use, "target.aux_layer_ids=[1,3,5]")))
+    with pytest.raises(ShardError, match=r"(?s)another extraction.*aux layer ids: extracted \[0, 1, 2, 3, 4\]"):
+        run_extract(args("x"), wide)  # adding shards of other layers to it would mix widths

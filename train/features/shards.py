@@ -179,12 +179,18 @@ def fingerprint_sha1(fp: dict) -> str:
     return _sha1(json.dumps(key, sort_keys=True).encode())
 
 
-def fingerprint_differences(stored: dict, run: dict) -> list[str]:
-    """Human-readable differences between a manifest's fingerprint and this run's; [] when they match."""
+def fingerprint_differences(stored: dict, run: dict, subset_ok: bool = False) -> list[str]:
+    """Human-readable differences between a manifest's fingerprint and this run's; [] when they match.
+
+    subset_ok: a run that reads the features (not one that adds shards to them) may use aux layer ids that are
+    among the extracted ones: the reader takes their columns (`aux_columns`).
+    """
     out = []
     a, b = stored["target"], run["target"]
-    if a["aux_layer_ids"] != b["aux_layer_ids"]:
-        out.append(f"aux layer ids: extracted {a['aux_layer_ids']}, this run uses {b['aux_layer_ids']}")
+    ids_a, ids_b = a["aux_layer_ids"], b["aux_layer_ids"]
+    if ids_a != ids_b and not (subset_ok and set(ids_b) <= set(ids_a)):
+        hint = " (features extracted with more aux layers serve any run whose ids are among them)" if subset_ok else ""
+        out.append(f"aux layer ids: extracted {ids_a}, this run uses {ids_b}{hint}")
     if a["config_sha1"] != b["config_sha1"]:
         out.append(
             f"target config: extracted from {stored.get('target_name_or_path')!r}, this run's target "
@@ -213,6 +219,23 @@ def fingerprint_differences(stored: dict, run: dict) -> list[str]:
             f"{sb['num_samples']} / {sb['num_tokens']} ({why})"
         )
     return out
+
+
+def aux_columns(stored_ids, run_ids, hidden_size: int) -> torch.Tensor | None:
+    """The columns of a stored `aux` [N, len(stored_ids)*H] that hold the run's aux states, in the run's order
+    ([len(run_ids)*H] int64), or None when the run's ids are the stored ones (the stored tensor is used as is).
+
+    So one extraction with a superset of layers (`target.aux_layer_ids=[2,9,12,15,18,21,24]`) trains heads on any
+    choice among them: the target's forward, the expensive part, runs once for all of them.
+    """
+    stored_ids, run_ids = list(stored_ids), list(run_ids)
+    if stored_ids == run_ids:
+        return None
+    missing = [i for i in run_ids if i not in stored_ids]
+    if missing:
+        raise ShardError(f"aux layer ids {missing} were not extracted (the features hold {stored_ids})")
+    H = hidden_size
+    return torch.cat([torch.arange(stored_ids.index(i) * H, (stored_ids.index(i) + 1) * H) for i in run_ids])
 
 
 # ---------------------------------------------------------------------------------------------------- manifest
@@ -421,10 +444,15 @@ def pack_shard(
 class ShardStore:
     """Reads samples out of a features directory; shards are opened lazily (memory-mapped) and kept open."""
 
-    def __init__(self, root, manifest: dict | None = None, max_open: int = 64):
+    def __init__(self, root, manifest: dict | None = None, max_open: int = 64, aux_layer_ids=None):
+        """aux_layer_ids: the run's, when they are a subset of the extracted ones (`get` returns their columns)."""
         self.root = Path(root)
         self.manifest = manifest or load_manifest(self.root)
         self.fields = tuple(self.manifest["fields"])
+        self.aux_cols = None
+        if aux_layer_ids is not None and "aux" in self.fields:
+            stored = self.manifest["fingerprint"]["target"]["aux_layer_ids"]
+            self.aux_cols = aux_columns(stored, aux_layer_ids, self.manifest["hidden_size"])
         self.where: dict[int, tuple[str, int]] = {}  # sample index -> (shard name, row in shard)
         self.records = {s["name"]: s for s in self.manifest["shards"]}
         for s in self.manifest["shards"]:
@@ -466,6 +494,8 @@ class ShardStore:
         a, b = offsets[row], offsets[row + 1]
         out = {k: h.get_slice(k)[a:b] for k in ("input_ids", "loss_mask", *([] if fields else self.fields))}
         out.update({k: t[a:b] for k, t in (fields or {}).items()})
+        if self.aux_cols is not None:  # a run on some of the extracted aux layers
+            out["aux"] = out["aux"].index_select(1, self.aux_cols)
         out["input_ids"] = out["input_ids"].long()
         out["shard"] = name  # for error messages
         return out
@@ -485,7 +515,8 @@ def validate(root, run_fp: dict | None = None, samples=None) -> tuple[dict, list
     if fingerprint_sha1(fp) != want_sha:
         problems.append(f"{root / 'manifest.json'}: fingerprint_sha1 does not match its fingerprint (edited by hand?)")
     if run_fp is not None:
-        problems += [f"{root}: extracted for another run: {d}" for d in fingerprint_differences(fp, run_fp)]
+        diffs = fingerprint_differences(fp, run_fp, subset_ok=True)
+        problems += [f"{root}: extracted for another run: {d}" for d in diffs]
     dtype = DTYPES[manifest["dtype"]]
     widths = {"aux": manifest["aux_dim"], "last": manifest["hidden_size"]}
     num_samples = fp["data"]["num_samples"]

@@ -210,7 +210,8 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
             tokenizer = AutoTokenizer.from_pretrained(target.config._name_or_path)
         except Exception:  # no tokenizer beside the weights: the samples' token ids are still compared exactly
             pass
-        diffs = fingerprint_differences(manifest["fingerprint"], run_fingerprint(cfg, target, data.train, tokenizer))
+        run_fp = run_fingerprint(cfg, target, data.train, tokenizer)
+        diffs = fingerprint_differences(manifest["fingerprint"], run_fp, subset_ok=True)
         missing = set(fields) - set(manifest["fields"])
         if missing:
             diffs.append(
@@ -236,7 +237,8 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
                 f"data.features_dir={root}: {len(gone)} shard(s) the manifest lists are missing or of "
                 f"another size ({'; '.join(list(gone.values())[:5])}). " + redo_advice(root)
             )
-        return FeatureSource(target, vocab_ids, mode, disk=ShardStore(root, manifest))
+        store = ShardStore(root, manifest, aux_layer_ids=target.aux_layer_ids)  # may be some of the stored layers
+        return FeatureSource(target, vocab_ids, mode, disk=store)
     if mode == "stream":  # the target runs in a producer process of this rank's own (stream_process.py)
         from draftsmith.train.features.stream_process import StreamClient
 
@@ -265,4 +267,5 @@ def heldout_feature_source(cfg, target, vocab_ids, data, features: FeatureSource
     held = Path(root) / HELDOUT_DIR
     if not features_complete(held, data.heldout):
         return None
-    return FeatureSource(target, vocab_ids, "offline", disk=ShardStore(held, load_manifest(held)))
+    store = ShardStore(held, load_manifest(held), aux_layer_ids=target.aux_layer_ids)
+    return FeatureSource(target, vocab_ids, "offline", disk=store)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -180,17 +181,29 @@ def equal_data_source(out: Path, n_train: int = 200, n_heldout: int = 64, seed: 
 EQSOURCE: dict = {}  # {"path": ...} once main() knows --out
 
 
+IDS = re.compile(r"^ids(\d+(?:-\d+)+)$")  # lever idsA-B-C: any aux layer ids, e.g. ids2-12-24 or ids2-9-15-24
+
+
+def lever(name: str) -> tuple[str, list[str]]:
+    """(description, overrides) of one lever name."""
+    m = IDS.match(name)
+    if m:
+        ids = m.group(1).split("-")
+        return f"aux layer ids ({', '.join(ids)})", [f"target.aux_layer_ids=[{','.join(ids)}]"]
+    return LEVERS[name]
+
+
 def overrides(spec: str, regen: str | None, features: str | None = None) -> list[str]:
     parts = spec.split("+")
-    unknown = [p for p in parts if p not in LEVERS]
+    unknown = [p for p in parts if p not in LEVERS and not IDS.match(p)]
     if unknown:
-        raise SystemExit(f"unknown levers {unknown}; known: {', '.join(LEVERS)}")
+        raise SystemExit(f"unknown levers {unknown}; known: {', '.join(LEVERS)}, idsA-B-C (aux layer ids)")
     if "preset" in parts:  # the preset as shipped; with --regen-data its regen:sharegpt data is that file
         out = ["data.path=" + regen, "data.num_conversations=null"] if regen else []
     else:
         out = list(BASELINE)
     for p in parts:
-        for o in LEVERS[p][1] or []:
+        for o in lever(p)[1] or []:
             if "{regen}" in o:
                 if not regen:
                     raise SystemExit(f"lever {p!r} needs --regen-data (make it with `draftsmith regenerate`)")
@@ -516,7 +529,7 @@ def main() -> int:
     for s in specs:
         r, i = rows[served(s)], info[s]
         pos = [round(x, 2) for x in (r.get("per_position_acceptance") or [])]
-        desc = " + ".join(LEVERS[p][0] for p in s.split("+"))
+        desc = " + ".join(lever(p)[0] for p in s.split("+"))
         lines.append(
             f"| {s} | {desc} | {i['tokens']:,} | {i['minutes']:.1f} | {i['tok_per_s']:.0f} | {i['epochs']} | "
             f"{i['sim_tau']:.2f} | {[round(a, 3) for a in i['heldout_acc']]} | "

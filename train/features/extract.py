@@ -7,8 +7,10 @@
     draftsmith extract --validate features/eagle3_smollm2 conf=eagle3_smollm2   # ... and vs this run's target/data
     python train/run.py conf=eagle3_smollm2 data.features=offline data.features_dir=features/eagle3_smollm2
 
-The samples are the run's training samples (the same Hydra overrides as train/run.py pick them); held-out
-evaluation always runs the target online. Under `accelerate launch` rank r takes samples i % world == r and
+The samples are the run's training samples (the same Hydra overrides as train/run.py pick them), then its held-out
+samples into DIR/heldout (with the target's full-vocab argmax), so a run training from DIR evaluates without the
+target. More aux layers than a head takes (target.aux_layer_ids=[...]) serve a run on any choice among them.
+Under `accelerate launch` rank r takes samples i % world == r and
 writes its own shards; rank 0 merges the manifest. Re-running the same command resumes: finished shards are
 kept, a shard a kill cut short is redone. `--max-disk` stops before the directory would exceed the budget
 and the manifest records what was covered; the same command with a larger budget carries on (exit status 0:

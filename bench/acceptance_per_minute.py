@@ -139,8 +139,8 @@ LEVERS = {
         for k, why in {
             29: ": the last layer",
             27: ": vLLM's default, the preset until 2026-11-27",
-            24: ": the preset since 2026-11-27",
-            21: "",
+            24: ": the preset for a session on 2026-11-27",
+            21: ": the preset since a later session on 2026-11-27",
         }.items()
     },
     "decaymat": ("weight decay on the matrices only (lm_head too), not the norm weights", ["optim.decay=matrices"]),

@@ -184,18 +184,18 @@ EQSOURCE: dict = {}  # {"path": ...} once main() knows --out
 IDS = re.compile(r"^ids(\d+(?:-\d+)+)$")  # lever idsA-B-C: any aux layer ids, e.g. ids2-12-24 or ids2-9-15-24
 
 
-def lever(name: str) -> tuple[str, list[str]]:
-    """(description, overrides) of one lever name."""
+def lever(name: str) -> tuple[str, list[str]] | None:
+    """(description, overrides) of one lever name; None for a name that is no lever."""
     m = IDS.match(name)
     if m:
         ids = m.group(1).split("-")
         return f"aux layer ids ({', '.join(ids)})", [f"target.aux_layer_ids=[{','.join(ids)}]"]
-    return LEVERS[name]
+    return LEVERS.get(name)
 
 
 def overrides(spec: str, regen: str | None, features: str | None = None) -> list[str]:
     parts = spec.split("+")
-    unknown = [p for p in parts if p not in LEVERS and not IDS.match(p)]
+    unknown = [p for p in parts if lever(p) is None]
     if unknown:
         raise SystemExit(f"unknown levers {unknown}; known: {', '.join(LEVERS)}, idsA-B-C (aux layer ids)")
     if "preset" in parts:  # the preset as shipped; with --regen-data its regen:sharegpt data is that file

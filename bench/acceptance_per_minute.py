@@ -554,15 +554,15 @@ def main() -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        for lever in args.curve:
-            pts = [c for c in curve if c["lever"] == lever]
-            line = ax.plot([c["minutes"] for c in pts], [c["served_tau"] for c in pts], "o-", label=f"{lever} served τ")
+        for cv in args.curve:
+            pts = [c for c in curve if c["lever"] == cv]
+            line = ax.plot([c["minutes"] for c in pts], [c["served_tau"] for c in pts], "o-", label=f"{cv} served τ")
             ax.plot(
                 [c["minutes"] for c in pts],
                 [c["sim_tau"] for c in pts],
                 "s--",
                 color=line[0].get_color(),
-                label=f"{lever} simulated τ",
+                label=f"{cv} simulated τ",
             )
         for b, style in (("ngram", ":"), ("suffix", "-.")):
             if rows[b].get("mean_acceptance_length"):
@@ -574,11 +574,11 @@ def main() -> int:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / "curve.png", dpi=120)
-        for lever in args.curve:
-            table += f"\n\ncurve ({lever}): " + ", ".join(
+        for cv in args.curve:
+            table += f"\n\ncurve ({cv}): " + ", ".join(
                 f"{c['minutes']:.0f} min: served τ {c['served_tau'] or 0:.2f} (sim {c['sim_tau'] or 0:.2f})"
                 for c in curve
-                if c["lever"] == lever
+                if c["lever"] == cv
             )
         table += "\n\n" + sim_by_step({c: eval_curve(runs[c]) for c in args.curve})
     bench = {}

@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."  # the repo root
 d=bench/results/2026-11-27/hybrid_2threads
+[ -d $d/exported/preset ] || { mkdir -p $d/exported && cp -r bench/results/2026-11-27/preset_2threads/exported/preset $d/exported/; }
 .venv/bin/draftsmith eval fit-hybrid --target smollm2 --head $d/exported/preset --records $d/exported/records_T0.pt
 cp $d/exported/preset/hybrid.json $d/policy_fit_on_unseen_conversations.json
 .venv/bin/python bench/results/2026-11-26/hybrid_preset4000/serve.py $d/served_T0 $d/exported/preset bench/results/2026-11-27/preset_2threads/prompts.jsonl mtbench

@@ -223,7 +223,7 @@ def train(name: str, spec: str, args, run_dir: Path, threads: int | None = None)
     if (run_dir / "done").is_file():
         print(f"[{name}] finished earlier: {run_dir}", flush=True)
         return
-    lever = overrides(spec, args.regen_data, args.features_dir)
+    ovr = overrides(spec, args.regen_data, args.features_dir)
     cmd = [
         sys.executable,
         str(ROOT / "train" / "run.py"),
@@ -232,13 +232,13 @@ def train(name: str, spec: str, args, run_dir: Path, threads: int | None = None)
         f"output_dir={run_dir}",
         "eval_every=0",
         "wandb.mode=disabled",
-        *lever,
+        *ovr,
         f"optim.max_tokens={args.tokens}" if args.tokens else "optim.max_tokens=null",
         f"optim.max_minutes={args.minutes}" if args.minutes else "optim.max_minutes=null",
         # --epochs, unless the lever sets its own (ep4)
         *(
             [f"optim.epochs={args.epochs}"]
-            if args.epochs and not any(o.startswith("optim.epochs=") for o in lever)
+            if args.epochs and not any(o.startswith("optim.epochs=") for o in ovr)
             else []
         ),
     ]

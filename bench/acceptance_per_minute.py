@@ -91,6 +91,11 @@ LEVERS = {
         ["data.features=offline", "data.features_dtype=bf16", "data.features_dir={features}"],
     ),
     "ttt2": ("TTT depth 2", ["head.ttt_steps=2"]),
+    "split": (
+        "conversations over data.max_length cut into windows of max_length tokens, not truncated",
+        ["data.overflow=split"],
+    ),
+    "ttt3": ("TTT depth 3 (the draft's third token trained on its own inputs too)", ["head.ttt_steps=3"]),
     # issue 16's equal-data budget (with --epochs 2): the 200 ShareGPT conversations a peer trainer was compared on
     "eq200": (
         "200 ShareGPT conversations, length 512, TTT 3, draft vocab 8,192, features extracted once",

@@ -28,7 +28,7 @@ from draftsmith.train.data import (
 )
 from draftsmith.train.data import conversations as conv_mod
 from draftsmith.train.data.conversations import Conversation
-from draftsmith.train.data.render import render_many
+from draftsmith.train.data.render import render_many, split_windows
 
 IM_END = "<|im_end|>"
 
@@ -383,6 +383,27 @@ def test_render_truncation(tokenizer):
     assert render(tokenizer, TWO_EXCHANGES, max_length=first_sup) is None  # nothing supervised survives
 
 
+def test_split_windows_cover_the_conversation(tokenizer):
+    full = render(tokenizer, TWO_EXCHANGES, max_length=4096, conv_id="c")
+    n = len(full.input_ids)
+    # a window size that leaves the first window without a supervised token: it is dropped, the rest kept whole
+    first_sup = full.loss_mask.index(1)
+    w = split_windows(full, first_sup)
+    assert first_sup < n and w and all(len(s.input_ids) <= first_sup and any(s.loss_mask) for s in w)
+    assert w[0].conv_id == "c#1" and len({s.conv_id for s in w}) == len(w)
+    starts = [int(s.conv_id.split("#")[1]) * first_sup for s in w]
+    for s, start in zip(w, starts):
+        assert s.input_ids == full.input_ids[start : start + first_sup]
+        assert s.loss_mask == full.loss_mask[start : start + first_sup]
+    # every supervised token of the conversation is in some window (none was in the dropped first one)
+    assert sum(sum(s.loss_mask) for s in w) == sum(full.loss_mask)
+    # windows at least as long as the sample: the sample itself
+    one = split_windows(full, n)
+    assert [(s.input_ids, s.loss_mask, s.conv_id) for s in one] == [(full.input_ids, full.loss_mask, "c")]
+    # a last window of one token is dropped (nothing to predict from it)
+    assert all(len(s.input_ids) >= 2 for s in split_windows(full, n - 1))
+
+
 def test_render_prompt_is_prefix_of_conversation(tokenizer):
     prompt = render_prompt(tokenizer, TWO_EXCHANGES[:1])
     full = render(tokenizer, TWO_EXCHANGES, max_length=4096)
@@ -459,7 +480,7 @@ def test_collate_right_pads():
 
 
 def _data_cfg(path, **kw):
-    base = dict(path=str(path), num_conversations=None, heldout=4, max_length=256, seed=0)
+    base = dict(path=str(path), num_conversations=None, heldout=4, max_length=256, seed=0, overflow="truncate")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -500,6 +521,17 @@ def test_prepare_data_cache_and_heldout(tmp_path, tokenizer):
     c = prepare_data(_data_cfg(src, max_length=48), tokenizer, cache)
     assert c.stats["cache_hit"] is False and len(list((cache / "data").glob("*.pt"))) == 2
     assert all(len(s.input_ids) <= 48 for s in c.train) and c.stats["render"]["train"]["truncated"] > 0
+
+    # Split instead of truncated: the same conversations, no training token lost, the held-out samples unchanged.
+    s = prepare_data(_data_cfg(src, max_length=48, overflow="split"), tokenizer, cache)
+    assert s.stats["cache_hit"] is False and len(list((cache / "data").glob("*.pt"))) == 3
+    tally = s.stats["render"]["train"]
+    assert tally["truncated"] == c.stats["render"]["train"]["truncated"] and tally["extra_windows"] > 0
+    assert all(len(x.input_ids) <= 48 for x in s.train) and len(s.train) == len(c.train) + tally["extra_windows"]
+    assert s.stats["train_tokens"] > c.stats["train_tokens"]
+    assert {x.conv_id.split("#")[0] for x in s.train} == {x.conv_id for x in c.train}
+    assert [(x.input_ids, x.loss_mask) for x in s.heldout] == [(x.input_ids, x.loss_mask) for x in c.heldout]
+    assert sum(sum(x.loss_mask) for x in s.train) > sum(sum(x.loss_mask) for x in c.train)
 
     # Fewer training conversations: the held-out set does not move.
     d = prepare_data(_data_cfg(src, num_conversations=10), tokenizer, None)

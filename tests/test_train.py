@@ -196,6 +196,24 @@ def test_supervise_all_trains_on_prompt_rows_too(tiny_target_dir, data_file, tmp
     assert tokens["all"] > 1.3 * tokens["assistant"], tokens  # the user turns and system prompt join the loss
 
 
+def test_overflow_split_trains_on_every_window(tiny_target_dir, data_file, tmp_path):
+    """data.overflow=split turns the tokens truncation drops into more samples, and the truncating run says what
+    it drops and how to keep it."""
+    procs, stats = {}, {}
+    for mode in ("truncate", "split"):
+        out = tmp_path / mode
+        procs[mode] = run_train(
+            tiny_target_dir, data_file, out, "data.max_length=64", f"data.overflow={mode}", "optim.max_steps=1"
+        )
+        stats[mode] = json.loads((out / "data_stats.json").read_text())
+    t, s = stats["truncate"], stats["split"]
+    assert t["render"]["train"]["truncated"] > 0 and s["render"]["train"]["extra_windows"] > 0
+    assert s["train_samples"] == t["train_samples"] + s["render"]["train"]["extra_windows"]
+    assert s["train_tokens"] > t["train_tokens"] and s["heldout_tokens"] == t["heldout_tokens"]
+    assert "data.overflow=split keeps them" in procs["truncate"].stdout + procs["truncate"].stderr
+    assert "data.overflow=split keeps them" not in procs["split"].stdout + procs["split"].stderr
+
+
 def test_supervise_rejects_unknown_values(tiny_target_dir, data_file, tmp_path):
     with pytest.raises(AssertionError, match=r"data.supervise=everything: expected one of assistant \| all"):
         run_train(tiny_target_dir, data_file, tmp_path / "x", "data.supervise=everything")

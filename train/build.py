@@ -251,16 +251,23 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
             f"{cfg.target.name_or_path!r} has {cfg.target.vocab_size} embeddings: they are not a pair"
         )
     data = prepare_data(data_cfg, tokenizer, cache_dir())
+    shown = ("render_errors", "no_supervised_tokens", "no_supervised_after_truncation", "truncated", "extra_windows")
     render = {
-        f"{split} {k}": v
-        for split, t in data.stats.get("render", {}).items()
-        for k, v in t.items()
-        if k in ("render_errors", "no_supervised_tokens", "no_supervised_after_truncation", "truncated") and v
+        f"{split} {k}": v for split, t in data.stats.get("render", {}).items() for k, v in t.items() if k in shown and v
     }
     if data.stats.get("skipped") or data.stats.get("trimmed") or data.stats.get("file_truncated") or render:
         log(
             f"data problems (skipped records are not trained on):\n{data.stats['read']}"
             + ("\nrendering: " + ", ".join(f"{k}={v}" for k, v in render.items()) if render else "")
+        )
+    train_render = data.stats.get("render", {}).get("train", {})
+    lost = train_render.get("tokens_before_truncation", 0) - data.stats.get("train_tokens", 0)
+    if train_render.get("truncated") and cfg.data.get("overflow", "truncate") == "truncate" and lost > 0:
+        log(
+            f"data: {train_render['truncated']} training conversations are longer than data.max_length="
+            f"{cfg.data.max_length}; truncating them drops {lost} of {train_render['tokens_before_truncation']} "
+            f"tokens ({lost / train_render['tokens_before_truncation']:.0%}); data.overflow=split keeps them as "
+            "windows of max_length tokens"
         )
     vocab, stats, line = None, dict(data.stats), ""
     if families.get(cfg.head.family).draft_vocab:

@@ -70,7 +70,11 @@ class DataConfig:
     path: str = "sharegpt"
     num_conversations: Optional[int] = None  # None = all
     heldout: int = 64  # conversations held out from training (eval + served prompts)
-    max_length: int = 2048  # tokens per sample after truncation
+    max_length: int = 2048  # tokens per sample
+    # a training conversation longer than max_length: truncate keeps its first max_length tokens; split cuts it into
+    # consecutive windows of max_length tokens, each a sample (those with no supervised token dropped), so no token
+    # of a long conversation is thrown away. Held-out samples are always truncated (evals comparable across settings)
+    overflow: str = "truncate"
     max_tokens_per_batch: int = 8192  # length-bucketed batches up to this many (padded) tokens
     max_batch_size: int = 16
     seed: int = 0
@@ -161,6 +165,7 @@ CHOICES = {
     "data.features": ("online", "memory", "offline", "stream"),
     "data.features_dtype": ("auto", "bf16", "fp16", "fp32"),
     "data.supervise": ("assistant", "all"),
+    "data.overflow": ("truncate", "split"),
     "target.dtype": ("auto", "float32", "bfloat16", "float16"),
     "mixed_precision": ("auto", "no", "bf16", "fp16"),
     "stage2.backend": ("auto", "vllm", "hf"),

@@ -31,7 +31,7 @@ from draftsmith.train.data.conversations import (
     resolve_path,
     split_heldout,
 )
-from draftsmith.train.data.render import Sample, render_many, truncate
+from draftsmith.train.data.render import Sample, render_many, split_windows, truncate
 from draftsmith.train.data.vocab import count_supervised
 
 CODE_VERSION = 1  # bump when rendering, masking or selection changes: old caches are then ignored
@@ -74,6 +74,7 @@ def cache_key(cfg, tokenizer) -> str:
         "vocab_sha1": hashlib.sha1(vocab.encode("utf-8", errors="surrogatepass")).hexdigest(),
         "tokenizer_class": type(tokenizer).__name__,
         "max_length": cfg.max_length,
+        **({"overflow": cfg.overflow} if cfg.overflow != "truncate" else {}),  # older caches keep their keys
         "num_conversations": cfg.num_conversations,
         "heldout": cfg.heldout,
         "seed": cfg.seed,
@@ -106,7 +107,11 @@ def _save_atomic(obj: dict, path: Path) -> None:
         torch.save(obj, tmp)
 
 
-def _render_all(tokenizer, convs: list[Conversation], max_length: int, desc: str, tally: dict) -> list[Sample]:
+def _render_all(
+    tokenizer, convs: list[Conversation], max_length: int, desc: str, tally: dict, overflow: str = "truncate"
+) -> list[Sample]:
+    """Rendered samples of `convs`; one over `max_length` tokens is truncated or (overflow="split") cut into
+    windows (`split_windows`)."""
     out = []
     pairs = ((c.id, c.messages) for c in convs)
     # Rendered untruncated so truncation can be counted; one odd conversation must not stop the run.
@@ -122,6 +127,13 @@ def _render_all(tokenizer, convs: list[Conversation], max_length: int, desc: str
         tally["tokens_before_truncation"] += len(r.input_ids)
         if len(r.input_ids) > max_length:
             tally["truncated"] += 1
+            if overflow == "split":
+                windows = split_windows(r, max_length)
+                tally["extra_windows"] += max(0, len(windows) - 1)
+                if not windows:
+                    tally["no_supervised_after_truncation"] += 1
+                out += windows
+                continue
         s = truncate(r, max_length)
         if s is None:
             tally["no_supervised_after_truncation"] += 1
@@ -164,11 +176,12 @@ def _build(cfg, tokenizer) -> PreparedData:
             "no_supervised_after_truncation": 0,
             "truncated": 0,
             "tokens_before_truncation": 0,
+            "extra_windows": 0,
             "examples": [],
         }
         for name in ("train", "heldout")
     }
-    train = _render_all(tokenizer, train_convs, cfg.max_length, "render train", tallies["train"])
+    train = _render_all(tokenizer, train_convs, cfg.max_length, "render train", tallies["train"], cfg.overflow)
     heldout = _render_all(tokenizer, held, cfg.max_length, "render held-out", tallies["heldout"])
     if not train:
         raise DataError(f"{cfg.path}: no training sample has a supervised token after rendering: {tallies['train']}")

@@ -187,6 +187,18 @@ def truncate(sample: Sample, max_length: int) -> Sample | None:
     return sample if any(sample.loss_mask) else None
 
 
+def split_windows(sample: Sample, max_length: int) -> list[Sample]:
+    """`sample` cut into consecutive windows of `max_length` tokens (the last one shorter), dropping windows with no
+    supervised token or fewer than 2 tokens; window w > 0 is named `<conv_id>#w`. Each window is a sample of its
+    own: the target sees only that window's tokens as context when its features are computed."""
+    out = []
+    for w, start in enumerate(range(0, len(sample.input_ids), max_length)):
+        ids, mask = sample.input_ids[start : start + max_length], sample.loss_mask[start : start + max_length]
+        if len(ids) >= 2 and any(mask):
+            out.append(Sample(ids, mask, sample.conv_id if w == 0 else f"{sample.conv_id}#{w}"))
+    return out
+
+
 def render_prompt(tokenizer, messages: list[dict]) -> list[int]:
     """Prompt token ids with the generation prompt appended (what the serving engine sees before answering)."""
     text = chat_text(tokenizer, messages, add_generation_prompt=True)

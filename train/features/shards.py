@@ -151,6 +151,8 @@ def data_config_summary(cfg) -> dict:
     out["path"] = str(out["path"])
     if d.get("regen_turns", 1) != 1:
         out["regen_turns"] = d.get("regen_turns")
+    if d.get("overflow", "truncate") != "truncate":
+        out["overflow"] = d.get("overflow")
     if families.get(cfg.head.family).stage2:  # which stage picks the samples (stage 2: the target's continuations)
         out["head.stage"] = cfg.head.stage
         if cfg.head.stage == 2:

@@ -293,7 +293,7 @@ def check_no_leak(run_dir: Path, prompts: Path) -> None:
     """Refuse a head whose training conversations include a served prompt."""
     from omegaconf import OmegaConf
 
-    from draftsmith.train.data.dataset import prepare_data
+    from draftsmith.train.data.dataset import prepare_data, source_id
 
     cfg = OmegaConf.load(run_dir / "config.yaml")
     served = {json.loads(x)["id"] for x in prompts.read_text().splitlines()}
@@ -304,7 +304,7 @@ def check_no_leak(run_dir: Path, prompts: Path) -> None:
 
     tok = AutoTokenizer.from_pretrained(resolve_target(cfg.target.name_or_path))
     data = prepare_data(resolve_data_cfg(cfg.data, tok.name_or_path), tok, cache_dir())
-    leaked = served & {s.conv_id for s in data.train}
+    leaked = served & {source_id(s.conv_id) for s in data.train}
     if leaked:
         raise SystemExit(f"{run_dir}: {len(leaked)} served prompts are in its training data, e.g. {sorted(leaked)[:3]}")
 

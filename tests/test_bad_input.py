@@ -100,7 +100,7 @@ def test_fuzzed_jsonl_keeps_every_good_record_and_only_raises_dataerror(tmp_path
 
     from types import SimpleNamespace
 
-    cfg = SimpleNamespace(path=str(path), num_conversations=None, heldout=0, max_length=256, seed=0, overflow="truncate")
+    cfg = SimpleNamespace(path=str(path), num_conversations=None, heldout=0, max_length=256, seed=0)
     data = prepare_data(cfg, tokenizer, cache_dir=None)
     assert {s.conv_id for s in data.train} == good_ids  # every good record rendered and kept
     assert data.stats["render"]["train"]["truncated"] == 1  # the over-long one, truncated not dropped
@@ -142,7 +142,7 @@ def test_fatal_problems_stop_before_training(tmp_path, tokenizer):
 
     only_junk = tmp_path / "junk.jsonl"
     only_junk.write_bytes(b'{"id": 1}\n\xff\xfe\n[1, 2]\n')
-    cfg = SimpleNamespace(path=str(only_junk), num_conversations=None, heldout=0, max_length=256, seed=0, overflow="truncate")
+    cfg = SimpleNamespace(path=str(only_junk), num_conversations=None, heldout=0, max_length=256, seed=0)
     with pytest.raises(
         DataError,
         match=r"(?s)junk.jsonl: no training conversations left.*skipped 3.*junk.jsonl:line 2: non-UTF-8 bytes",

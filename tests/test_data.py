@@ -404,6 +404,15 @@ def test_split_windows_cover_the_conversation(tokenizer):
     assert all(len(s.input_ids) >= 2 for s in split_windows(full, n - 1))
 
 
+def test_source_id_names_the_conversation_of_a_window(tokenizer):
+    from draftsmith.train.data.dataset import source_id
+
+    full = render(tokenizer, TWO_EXCHANGES, max_length=4096, conv_id="J41#0dS_7")
+    windows = split_windows(full, 8)
+    assert len(windows) > 2 and {source_id(w.conv_id) for w in windows} == {"J41#0dS_7"}
+    assert source_id("plain") == "plain" and source_id("a#b") == "a#b" and source_id("a#12") == "a"
+
+
 def test_render_prompt_is_prefix_of_conversation(tokenizer):
     prompt = render_prompt(tokenizer, TWO_EXCHANGES[:1])
     full = render(tokenizer, TWO_EXCHANGES, max_length=4096)

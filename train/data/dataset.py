@@ -64,6 +64,17 @@ def _source_fingerprint(path: str) -> dict:
     return {"source": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def overflow(cfg) -> str:
+    """data.overflow, "truncate" for a config saved before the key existed (a run's config.yaml read back)."""
+    return getattr(cfg, "overflow", "truncate")
+
+
+def source_id(conv_id: str) -> str:
+    """The conversation a sample came from: its id without the `#w` of a window `split_windows` cut."""
+    head, sep, tail = conv_id.rpartition("#")
+    return head if sep and tail.isdigit() else conv_id
+
+
 def cache_key(cfg, tokenizer) -> str:
     """sha1 over everything that changes the prepared data: source file, tokenizer, data settings, code."""
     vocab = "\0".join(f"{t}\1{i}" for t, i in sorted(tokenizer.get_vocab().items()))
@@ -74,7 +85,7 @@ def cache_key(cfg, tokenizer) -> str:
         "vocab_sha1": hashlib.sha1(vocab.encode("utf-8", errors="surrogatepass")).hexdigest(),
         "tokenizer_class": type(tokenizer).__name__,
         "max_length": cfg.max_length,
-        **({"overflow": cfg.overflow} if cfg.overflow != "truncate" else {}),  # older caches keep their keys
+        **({"overflow": overflow(cfg)} if overflow(cfg) != "truncate" else {}),  # older caches keep their keys
         "num_conversations": cfg.num_conversations,
         "heldout": cfg.heldout,
         "seed": cfg.seed,
@@ -181,7 +192,7 @@ def _build(cfg, tokenizer) -> PreparedData:
         }
         for name in ("train", "heldout")
     }
-    train = _render_all(tokenizer, train_convs, cfg.max_length, "render train", tallies["train"], cfg.overflow)
+    train = _render_all(tokenizer, train_convs, cfg.max_length, "render train", tallies["train"], overflow(cfg))
     heldout = _render_all(tokenizer, held, cfg.max_length, "render held-out", tallies["heldout"])
     if not train:
         raise DataError(f"{cfg.path}: no training sample has a supervised token after rendering: {tallies['train']}")

@@ -13,7 +13,7 @@ from draftsmith.assets import cache_dir, resolve_target
 from draftsmith.atomic import atomic_write
 from draftsmith.errors import ConfigError
 from draftsmith.train.data.conversations import DataError
-from draftsmith.train.data.dataset import prepare_data
+from draftsmith.train.data.dataset import overflow, prepare_data
 from draftsmith.train.data.render import special_ids
 from draftsmith.train.data.vocab import build_draft_vocab
 from draftsmith.train.heads import families
@@ -262,7 +262,7 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
         )
     train_render = data.stats.get("render", {}).get("train", {})
     lost = train_render.get("tokens_before_truncation", 0) - data.stats.get("train_tokens", 0)
-    if train_render.get("truncated") and cfg.data.get("overflow", "truncate") == "truncate" and lost > 0:
+    if train_render.get("truncated") and overflow(cfg.data) == "truncate" and lost > 0:
         log(
             f"data: {train_render['truncated']} training conversations are longer than data.max_length="
             f"{cfg.data.max_length}; truncating them drops {lost} of {train_render['tokens_before_truncation']} "

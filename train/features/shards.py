@@ -35,6 +35,7 @@ from safetensors.torch import save as st_save
 
 from draftsmith.atomic import atomic_write_json
 from draftsmith.errors import DraftsmithError
+from draftsmith.train.data.dataset import overflow
 from draftsmith.train.heads import families
 
 FORMAT, VERSION = "draftsmith-features", 1
@@ -151,8 +152,8 @@ def data_config_summary(cfg) -> dict:
     out["path"] = str(out["path"])
     if d.get("regen_turns", 1) != 1:
         out["regen_turns"] = d.get("regen_turns")
-    if d.get("overflow", "truncate") != "truncate":
-        out["overflow"] = d.get("overflow")
+    if overflow(d) != "truncate":
+        out["overflow"] = overflow(d)
     if families.get(cfg.head.family).stage2:  # which stage picks the samples (stage 2: the target's continuations)
         out["head.stage"] = cfg.head.stage
         if cfg.head.stage == 2:

@@ -545,3 +545,25 @@ def test_prepare_data_cache_and_heldout(tmp_path, tokenizer):
     # Fewer training conversations: the held-out set does not move.
     d = prepare_data(_data_cfg(src, num_conversations=10), tokenizer, None)
     assert {s.conv_id for s in d.heldout} == held_ids and len(d.train) == 10
+
+
+def test_prepare_data_also_adds_training_conversations_never_held_out_ones(tmp_path, tokenizer):
+    """data.also: another source's conversations join training; held-out comes from data.path alone, and an `also`
+    conversation whose id data.path holds out (the target's answer to a held-out prompt) is left out."""
+    src, more = tmp_path / "src.jsonl", tmp_path / "answers.jsonl"
+    write_jsonl(src, [sharegpt(i, ("human", f"Question {i}?"), ("gpt", f"Answer {i}.")) for i in range(30)])
+    answers = [sharegpt(i, ("human", f"Question {i}?"), ("gpt", f"Another answer to {i}, longer.")) for i in range(30)]
+    write_jsonl(more, answers + [sharegpt(99, ("human", "New?"), ("gpt", "Yes."))])
+    cache = tmp_path / "cache"
+    plain = prepare_data(_data_cfg(src), tokenizer, cache)
+    mixed = prepare_data(_data_cfg(src, also=[str(more)]), tokenizer, cache)
+    assert mixed.stats["cache_hit"] is False and len(list((cache / "data").glob("*.pt"))) == 2  # keyed apart
+    held = {s.conv_id for s in plain.heldout}
+    assert [(s.input_ids, s.loss_mask) for s in mixed.heldout] == [(s.input_ids, s.loss_mask) for s in plain.heldout]
+    assert mixed.heldout_prompts == plain.heldout_prompts
+    assert mixed.stats["also"][0]["kept"] == 27 and mixed.stats["also"][0]["held_out_ids"] == 4
+    assert len(mixed.train) == len(plain.train) + 27 and not {s.conv_id for s in mixed.train} & held
+    assert [s.input_ids for s in mixed.train[: len(plain.train)]] == [s.input_ids for s in plain.train]
+    assert int(mixed.counts.sum()) > int(plain.counts.sum())
+    again = prepare_data(_data_cfg(src, also=[str(more)]), tokenizer, cache)
+    assert again.stats["cache_hit"] is True and len(again.train) == len(mixed.train)

@@ -148,6 +148,36 @@ def test_regen_pool_grows_with_num_conversations(tiny_target_dir, tmp_path, monk
     assert calls[-1]["generated"] == 1 and len(open(everything).read().splitlines()) == 7
 
 
+def test_data_also_regen_trains_on_source_and_target_answers(tiny_target_dir, tmp_path, monkeypatch):
+    """data.also=[regen:SOURCE] beside data.path=SOURCE: the source's text and the target's own answers to the same
+    conversations, the held-out split SOURCE's, and no answer to a held-out prompt in training."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    import draftsmith.train.data.regenerate as regen_mod
+    from draftsmith.train.build import resolve_data_cfg
+    from draftsmith.train.data.dataset import prepare_data, source_id
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(regen_mod, "resolve_backend", lambda backend: "hf")  # the HF target: fast, no engine
+    src = tmp_path / "src.jsonl"
+    _write_source(src, 8)
+    base = {"path": str(src), "num_conversations": None, "heldout": 2, "max_length": 64, "seed": 0}
+    base |= {"regen_max_tokens": 5, "regen_temperature": 0.0, "overflow": "truncate"}
+    cfg = resolve_data_cfg(OmegaConf.create({**base, "also": [f"regen:{src}"]}), str(tiny_target_dir))
+    assert cfg.path == str(src) and Path(cfg.also[0]).parent == tmp_path / "cache" / "regen"  # its cached view
+    tok = AutoTokenizer.from_pretrained(tiny_target_dir)
+    plain = prepare_data(OmegaConf.create(base), tok, None)
+    both = prepare_data(cfg, tok, None)
+    held = {s.conv_id for s in plain.heldout}
+    assert {s.conv_id for s in both.heldout} == held and len(held) == 2
+    assert len(both.train) == 2 * len(plain.train) and not {source_id(s.conv_id) for s in both.train} & held
+    texts = [tok.decode(s.input_ids) for s in both.train]
+    assert sum("An original answer" in t for t in texts) == len(plain.train)  # the source's answers, once each
+
+
 def test_seeded_regen_pool_is_used_as_is(tiny_target_dir, tmp_path, monkeypatch):
     """A pool written where regen_pool_path points (what bench/seed_regen_pool.py does on a fresh machine) is the
     run's data: a fresh cache seeded with another cache's pool generates nothing and gives the same view, byte for
@@ -265,12 +295,14 @@ def test_regenerate_later_turns_follow_the_targets_own_answers(tiny_target_dir, 
     # turn 2 of c1..c3, then a kill mid-append of turn 3: the torn line is dropped and only that answer redone
     two = regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=4, backend="hf", turns=2)
     assert two["resumed_with"] == 4 and two["generated"] == 3
+    after_two = out.read_text()
     three = regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=4, backend="hf", turns=3, batch_size=1)
     assert three["generated"] == 2
-    lines = out.read_text().splitlines()
-    out.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])
+    c2, c3 = out.read_text().splitlines()[2:]  # their 3-turn records: what turn 3 appended, c2's then c3's
+    out.write_text(after_two + c2 + "\n" + c3[:10])  # killed while appending c3's
     again = regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=4, backend="hf", turns=3)
-    assert again["generated"] == 1
+    assert again["generated"] == 1 and out.read_text().splitlines()[2:] == [c2, c3]
+    assert [c.id for c in read_conversations(str(out))] == ["c0", "c1", "c2", "c3"]  # a finished run: one line per id
 
     done = load_done(out)
     assert len(out.read_text().splitlines()) == 4  # one line per id after the rewrite, in first-seen order

@@ -58,6 +58,7 @@ def compose(*overrides):
         ("data.max_disk=lots", "data.max_disk=lots"),
         ("data.supervise=everything", "data.supervise=everything"),
         ("data.overflow=wrap", "data.overflow=wrap"),
+        ("data.also=[sharegpt,'']", "data.also="),
         ("keep_checkpoints=0", "keep_checkpoints=0"),
         ("resume=/no/such/run", "resume=/no/such/run"),
         ("mixed_precision=fp8", "mixed_precision=fp8"),

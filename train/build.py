@@ -13,7 +13,7 @@ from draftsmith.assets import cache_dir, resolve_target
 from draftsmith.atomic import atomic_write
 from draftsmith.errors import ConfigError
 from draftsmith.train.data.conversations import DataError
-from draftsmith.train.data.dataset import overflow, prepare_data
+from draftsmith.train.data.dataset import also, overflow, prepare_data
 from draftsmith.train.data.render import special_ids
 from draftsmith.train.data.vocab import build_draft_vocab
 from draftsmith.train.heads import families
@@ -231,12 +231,23 @@ def regenerated_path(data_cfg, target_path: str) -> str:
 
 
 def resolve_data_cfg(data_cfg, target_path: str):
-    """`data_cfg` as `prepare_data` reads it: a regen:SOURCE path becomes its regenerated view (made if missing)."""
-    if not str(data_cfg.path).startswith("regen:"):
-        return data_cfg
+    """`data_cfg` as `prepare_data` reads it: a regen:SOURCE path (data.path, or one of data.also) becomes its
+    regenerated view (made if missing)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.merge(data_cfg, {"path": regenerated_path(data_cfg, target_path), "num_conversations": None})
+    extra = also(data_cfg)
+    if not str(data_cfg.path).startswith("regen:") and not any(p.startswith("regen:") for p in extra):
+        return data_cfg
+
+    def view(path: str) -> str:
+        if not path.startswith("regen:"):
+            return path
+        return regenerated_path(OmegaConf.merge(data_cfg, {"path": path}), target_path)
+
+    out = {"also": [view(p) for p in extra]} if extra else {}
+    if str(data_cfg.path).startswith("regen:"):
+        out.update(path=view(str(data_cfg.path)), num_conversations=None)
+    return OmegaConf.merge(data_cfg, out)
 
 
 def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
@@ -268,6 +279,11 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
             f"{cfg.data.max_length}; truncating them drops {lost} of {train_render['tokens_before_truncation']} "
             f"tokens ({lost / train_render['tokens_before_truncation']:.0%}); data.overflow=split keeps them as "
             "windows of max_length tokens"
+        )
+    for a in data.stats.get("also", []):
+        log(
+            f"data: + {a['kept']} training conversations from {a['source']} (data.also)"
+            + (f"; {a['held_out_ids']} left out: data.path holds their ids out" if a["held_out_ids"] else "")
         )
     vocab, stats, line = None, dict(data.stats), ""
     if families.get(cfg.head.family).draft_vocab:

@@ -68,6 +68,11 @@ class DataConfig:
     # "sharegpt" (embedded ShareGPT_V3), a JSON/JSONL file, hf:NAME[:SPLIT], or regen:SOURCE = SOURCE's first
     # turns re-answered by the target (draftsmith regenerate; generated once, cached, resumable)
     path: str = "sharegpt"
+    # more sources trained on beside data.path, each named as data.path is (regen:SOURCE made with the regen_*
+    # settings and num_conversations below): e.g. [regen:sharegpt] trains on the source's text and the target's own
+    # answers to it. Held-out comes from data.path alone, and a conversation of these whose id data.path holds out
+    # is left out, so the target's answers to a held-out prompt never reach training
+    also: list[str] = field(default_factory=list)
     num_conversations: Optional[int] = None  # None = all
     heldout: int = 64  # conversations held out from training (eval + served prompts)
     max_length: int = 2048  # tokens per sample
@@ -241,6 +246,7 @@ def config_problems(cfg) -> list[str]:
     need("data.regen_max_tokens", lambda v: v >= 1, "answer length cap, >= 1")
     need("data.regen_temperature", lambda v: v >= 0, "0 (greedy) or a sampling temperature > 0")
     need("data.regen_turns", lambda v: v >= 1, "user turns answered per conversation, >= 1")
+    need("data.also", lambda v: all(isinstance(x, str) and x.strip() for x in v or []), "a list of sources, none empty")
     if get("data.max_disk") is not None:
         from draftsmith.train.features.shards import parse_size
 

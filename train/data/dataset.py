@@ -69,6 +69,11 @@ def overflow(cfg) -> str:
     return getattr(cfg, "overflow", "truncate")
 
 
+def also(cfg) -> list[str]:
+    """data.also as a list of paths, empty for a config saved before the key existed."""
+    return [str(p) for p in (getattr(cfg, "also", None) or [])]
+
+
 def source_id(conv_id: str) -> str:
     """The conversation a sample came from: its id without the `#w` of a window `split_windows` cut."""
     head, sep, tail = conv_id.rpartition("#")
@@ -86,6 +91,7 @@ def cache_key(cfg, tokenizer) -> str:
         "tokenizer_class": type(tokenizer).__name__,
         "max_length": cfg.max_length,
         **({"overflow": overflow(cfg)} if overflow(cfg) != "truncate" else {}),  # older caches keep their keys
+        **({"also": [_source_fingerprint(p) for p in also(cfg)]} if also(cfg) else {}),
         "num_conversations": cfg.num_conversations,
         "heldout": cfg.heldout,
         "seed": cfg.seed,
@@ -180,6 +186,15 @@ def _build(cfg, tokenizer) -> PreparedData:
         raise DataError(
             f"{cfg.path}: no training conversations left ({read.kept} kept, {len(held)} held out)\n" + read.summary()
         )
+    also_stats = []
+    for extra in also(cfg):  # every conversation of each, less those data.path holds out (by source id)
+        more = ReadStats()
+        convs_x = list(read_conversations(extra, stats=more))
+        kept = [c for c in convs_x if source_id(c.id) not in held_ids]
+        train_convs += kept
+        also_stats.append(
+            {"source": extra, "read": more.summary(), "kept": len(kept), "held_out_ids": len(convs_x) - len(kept)}
+        )
     tallies = {
         name: {
             "render_errors": 0,
@@ -206,6 +221,7 @@ def _build(cfg, tokenizer) -> PreparedData:
         "skipped": dict(read.skipped),
         "trimmed": dict(read.trimmed),
         "file_truncated": read.truncated,
+        **({"also": also_stats} if also_stats else {}),
         "train_conversations": len(train_convs),
         "heldout_conversations": len(held),
         "train_samples": len(train),

@@ -10,9 +10,10 @@ like any other dataset; ids are kept, so the held-out split (by id) is the same 
 
 With `--turns N` a conversation's turn r is asked after the target's own answers to turns 1..r-1 (the source's
 answers are never shown), for every conversation whose source has an r-th user turn and whose prompt stays within
-`--max-prompt-tokens`; turn r of all conversations is one batched round. The file is one pool for every N: a
-record gains a line per answered turn (the last line of an id wins), its first answer is the same as with
-`--turns 1`, and `truncate_turns` cuts a record back to its first answers.
+`--max-prompt-tokens`; turn r of all conversations is one batched round. The file is one pool for every N: while
+a run goes, a record gains a line per answered turn (the last line of an id wins), and a finished run leaves one
+line per id, so `data.path=` reads each conversation once; its first answer is the same as with `--turns 1`, and
+`truncate_turns` cuts a record back to its first answers.
 
 Generation runs in vLLM (a child process, batched) when it is installed, else with the HF target.
 Every finished batch is appended and fsynced at once; a killed run resumes where it stopped, and a
@@ -234,6 +235,8 @@ def regenerate(
             bar.update(len(records))
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.0f}")
         bar.close()
+    if turns > 1:  # a record has a line per turn answered; leave one (its last) per id, so that data.path reads
+        load_done(out_path)  # each conversation once
     seconds = time.perf_counter() - t0
     stats = {
         "prompts": len(prompts),

@@ -164,7 +164,7 @@ def test_data_also_regen_trains_on_source_and_target_answers(tiny_target_dir, tm
     monkeypatch.setattr(regen_mod, "resolve_backend", lambda backend: "hf")  # the HF target: fast, no engine
     src = tmp_path / "src.jsonl"
     _write_source(src, 8)
-    base = {"path": str(src), "num_conversations": None, "heldout": 2, "max_length": 64, "seed": 0}
+    base = {"path": str(src), "num_conversations": 4, "heldout": 2, "max_length": 64, "seed": 0}
     base |= {"regen_max_tokens": 5, "regen_temperature": 0.0, "overflow": "truncate"}
     cfg = resolve_data_cfg(OmegaConf.create({**base, "also": [f"regen:{src}"]}), str(tiny_target_dir))
     assert cfg.path == str(src) and Path(cfg.also[0]).parent == tmp_path / "cache" / "regen"  # its cached view
@@ -173,9 +173,11 @@ def test_data_also_regen_trains_on_source_and_target_answers(tiny_target_dir, tm
     both = prepare_data(cfg, tok, None)
     held = {s.conv_id for s in plain.heldout}
     assert {s.conv_id for s in both.heldout} == held and len(held) == 2
-    assert len(both.train) == 2 * len(plain.train) and not {source_id(s.conv_id) for s in both.train} & held
-    texts = [tok.decode(s.input_ids) for s in both.train]
-    assert sum("An original answer" in t for t in texts) == len(plain.train)  # the source's answers, once each
+    assert not {source_id(s.conv_id) for s in both.train} & held and len(plain.train) == 4
+    raw = [s for s in both.train if "An original answer" in tok.decode(s.input_ids)]
+    answered = [s for s in both.train if "An original answer" not in tok.decode(s.input_ids)]
+    assert [s.input_ids for s in raw] == [s.input_ids for s in plain.train]  # the source's text, once each
+    assert {s.conv_id for s in plain.train} <= {s.conv_id for s in answered}  # every one answered by the target
 
 
 def test_seeded_regen_pool_is_used_as_is(tiny_target_dir, tmp_path, monkeypatch):

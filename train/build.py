@@ -239,12 +239,18 @@ def resolve_data_cfg(data_cfg, target_path: str):
     if not str(data_cfg.path).startswith("regen:") and not any(p.startswith("regen:") for p in extra):
         return data_cfg
 
-    def view(path: str) -> str:
+    def view(path: str, more: int = 0) -> str:
         if not path.startswith("regen:"):
             return path
-        return regenerated_path(OmegaConf.merge(data_cfg, {"path": path}), target_path)
+        n = data_cfg.num_conversations
+        return regenerated_path(
+            OmegaConf.merge(data_cfg, {"path": path, "num_conversations": None if n is None else n + more}),
+            target_path,
+        )
 
-    out = {"also": [view(p) for p in extra]} if extra else {}
+    # an also regen:SOURCE answers SOURCE's first num_conversations + heldout conversations: when SOURCE is
+    # data.path, that is every one data.path trains on (its held-out ones among them are then left out)
+    out = {"also": [view(p, data_cfg.heldout) for p in extra]} if extra else {}
     if str(data_cfg.path).startswith("regen:"):
         out.update(path=view(str(data_cfg.path)), num_conversations=None)
     return OmegaConf.merge(data_cfg, out)

@@ -187,6 +187,8 @@ EQSOURCE: dict = {}  # {"path": ...} once main() knows --out
 
 
 IDS = re.compile(r"^ids(\d+(?:-\d+)+)$")  # lever idsA-B-C: any aux layer ids, e.g. ids2-12-24 or ids2-9-15-24
+# lever alsoNAME: train on <--out>/data/NAME.jsonl too (data.also; made beside the run by its run.sh, not committed)
+ALSO = re.compile(r"^also(\w+)$")
 
 
 def lever(name: str) -> tuple[str, list[str]] | None:
@@ -195,6 +197,11 @@ def lever(name: str) -> tuple[str, list[str]] | None:
     if m:
         ids = m.group(1).split("-")
         return f"aux layer ids ({', '.join(ids)})", [f"target.aux_layer_ids=[{','.join(ids)}]"]
+    m = ALSO.match(name)
+    if m:
+        return f"also the conversations of data/{m.group(1)}.jsonl (data.also)", [
+            f"data.also=['{{out}}/data/{m.group(1)}.jsonl']"
+        ]
     return LEVERS.get(name)
 
 
@@ -202,7 +209,8 @@ def overrides(spec: str, regen: str | None, features: str | None = None) -> list
     parts = spec.split("+")
     unknown = [p for p in parts if lever(p) is None]
     if unknown:
-        raise SystemExit(f"unknown levers {unknown}; known: {', '.join(LEVERS)}, idsA-B-C (aux layer ids)")
+        known = ", ".join(LEVERS) + ", idsA-B-C (aux layer ids), alsoNAME (data.also=[data/NAME.jsonl])"
+        raise SystemExit(f"unknown levers {unknown}; known: {known}")
     if "preset" in parts:  # the preset as shipped; with --regen-data its regen:sharegpt data is that file
         out = ["data.path=" + regen, "data.num_conversations=null"] if regen else []
     else:
@@ -215,6 +223,8 @@ def overrides(spec: str, regen: str | None, features: str | None = None) -> list
                 o = o.format(regen=regen)
             if "{eqsource}" in o:
                 o = o.format(eqsource=EQSOURCE["path"])
+            if "{out}" in o:
+                o = o.format(out=str(Path(EQSOURCE["path"]).parent))
             if "{features}" in o:
                 if not features:  # train/run.py extracts into the cache, before its clock starts (once)
                     continue

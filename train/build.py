@@ -288,7 +288,7 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
         )
     for a in data.stats.get("also", []):
         log(
-            f"data: + {a['kept']} training conversations from {a['source']} (data.also)"
+            f"data: + {a['kept']} training conversations from {a['source']} (data.also: {a['read']})"
             + (f"; {a['held_out_ids']} left out: data.path holds their ids out" if a["held_out_ids"] else "")
         )
     vocab, stats, line = None, dict(data.stats), ""

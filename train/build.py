@@ -235,10 +235,6 @@ def resolve_data_cfg(data_cfg, target_path: str):
     regenerated view (made if missing)."""
     from omegaconf import OmegaConf
 
-    extra = also(data_cfg)
-    if not str(data_cfg.path).startswith("regen:") and not any(p.startswith("regen:") for p in extra):
-        return data_cfg
-
     def view(path: str, more: int = 0) -> str:
         if not path.startswith("regen:"):
             return path
@@ -248,12 +244,15 @@ def resolve_data_cfg(data_cfg, target_path: str):
             target_path,
         )
 
-    # an also regen:SOURCE answers SOURCE's first num_conversations + heldout conversations: when SOURCE is
-    # data.path, that is every one data.path trains on (its held-out ones among them are then left out)
-    out = {"also": [view(p, data_cfg.heldout) for p in extra]} if extra else {}
+    out = {}
+    extra = also(data_cfg)
+    if any(p.startswith("regen:") for p in extra):
+        # an also regen:SOURCE answers SOURCE's first num_conversations + heldout conversations: when SOURCE is
+        # data.path, that is every one data.path trains on (its held-out ones among them are then left out)
+        out["also"] = [view(p, data_cfg.heldout) for p in extra]
     if str(data_cfg.path).startswith("regen:"):
         out.update(path=view(str(data_cfg.path)), num_conversations=None)
-    return OmegaConf.merge(data_cfg, out)
+    return OmegaConf.merge(data_cfg, out) if out else data_cfg
 
 
 def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):

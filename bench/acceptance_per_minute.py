@@ -187,8 +187,9 @@ EQSOURCE: dict = {}  # {"path": ...} once main() knows --out
 
 
 IDS = re.compile(r"^ids(\d+(?:-\d+)+)$")  # lever idsA-B-C: any aux layer ids, e.g. ids2-12-24 or ids2-9-15-24
-# lever alsoNAME: train on <--out>/data/NAME.jsonl too (data.also; made beside the run by its run.sh, not committed)
-ALSO = re.compile(r"^also(\w+)$")
+# lever alsoNAME (or alsoA-B: several): train on <--out>/data/NAME.jsonl too (data.also; made beside the run by its
+# run.sh, not committed)
+ALSO = re.compile(r"^also(\w+(?:-\w+)*)$")
 
 
 def lever(name: str) -> tuple[str, list[str]] | None:
@@ -199,8 +200,9 @@ def lever(name: str) -> tuple[str, list[str]] | None:
         return f"aux layer ids ({', '.join(ids)})", [f"target.aux_layer_ids=[{','.join(ids)}]"]
     m = ALSO.match(name)
     if m:
-        return f"also the conversations of data/{m.group(1)}.jsonl (data.also)", [
-            f"data.also=['{{out}}/data/{m.group(1)}.jsonl']"
+        files = [f"data/{n}.jsonl" for n in m.group(1).split("-")]
+        return f"also the conversations of {', '.join(files)} (data.also)", [
+            "data.also=[" + ",".join(f"'{{out}}/{f}'" for f in files) + "]"
         ]
     return LEVERS.get(name)
 
@@ -209,7 +211,7 @@ def overrides(spec: str, regen: str | None, features: str | None = None) -> list
     parts = spec.split("+")
     unknown = [p for p in parts if lever(p) is None]
     if unknown:
-        known = ", ".join(LEVERS) + ", idsA-B-C (aux layer ids), alsoNAME (data.also=[data/NAME.jsonl])"
+        known = ", ".join(LEVERS) + ", idsA-B-C (aux layer ids), alsoNAME or alsoA-B (data.also=[data/NAME.jsonl, ...])"
         raise SystemExit(f"unknown levers {unknown}; known: {known}")
     if "preset" in parts:  # the preset as shipped; with --regen-data its regen:sharegpt data is that file
         out = ["data.path=" + regen, "data.num_conversations=null"] if regen else []

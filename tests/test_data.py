@@ -159,6 +159,27 @@ def test_role_order_violation_keeps_prefix(tmp_path):
     assert stats.trimmed == {"leading assistant": 1, "role order": 1, "trailing user": 2}
 
 
+def test_questions_keep_unanswered_prompts_for_regeneration(tmp_path):
+    """Prompts alone (no answers) are what `draftsmith regenerate` answers: questions=True keeps them and a trailing
+    user turn; the default (training) read drops both, since a question with no answer supervises nothing."""
+    p = write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [
+            {"id": "p0", **openai(("user", "Complete this function."))},
+            {"id": "p1", **openai(("system", "Be brief."), ("user", "q1"), ("assistant", "a1"), ("user", "q2"))},
+            {"id": "p2", **openai(("system", "Only a system prompt."))},
+        ],
+    )
+    convs, stats = read(p, questions=True)
+    assert [c.id for c in convs] == ["p0", "p1"]
+    assert convs[0].messages == [{"role": "user", "content": "Complete this function."}]
+    assert convs[1].messages[-1] == {"role": "user", "content": "q2"}
+    assert stats.skipped == {"no user turn": 1}
+    convs, stats = read(p)
+    assert [c.id for c in convs] == ["p1"] and convs[0].messages[-1]["role"] == "assistant"
+    assert stats.skipped == {"no exchange": 2}
+
+
 def test_missing_file_and_unknown_format(tmp_path):
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(DataError, match="nope.jsonl"):

@@ -114,6 +114,32 @@ def test_regenerate_with_hf_resumes_without_duplicates(tiny_target_dir, tmp_path
         regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=7, backend="hf")
 
 
+def test_regenerate_answers_a_prompts_only_file(tiny_target_dir, tmp_path):
+    """A file of prompts with no answers (e.g. the questions a deployment sees) is regenerated like a dataset; a file
+    with no user turn at all is refused with its name and what was skipped, before any model loads."""
+    from draftsmith.errors import ConfigError
+    from draftsmith.train.data.conversations import read_conversations
+    from draftsmith.train.data.regenerate import regenerate
+
+    src, out = tmp_path / "prompts.jsonl", tmp_path / "regen.jsonl"
+    src.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Name colour number {i}."}]}) + "\n"
+            for i in range(3)
+        )
+    )
+    stats = regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=5, batch_size=2, backend="hf")
+    assert stats["generated"] == 3
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in recs] == ["p0", "p1", "p2"]
+    assert all([m["role"] for m in r["messages"]] == ["user", "assistant"] for r in recs)
+    assert len(list(read_conversations(str(out)))) == sum(1 for r in recs if r["messages"][-1]["content"])
+    empty = tmp_path / "system_only.jsonl"
+    empty.write_text(json.dumps({"id": "s", "messages": [{"role": "system", "content": "Hi."}]}) + "\n")
+    with pytest.raises(ConfigError, match=r"(?s)system_only\.jsonl: no user turn to answer.*no user turn=1"):
+        regenerate(str(tiny_target_dir), str(empty), str(tmp_path / "never.jsonl"), backend="hf")
+
+
 def test_regen_pool_grows_with_num_conversations(tiny_target_dir, tmp_path, monkeypatch):
     """Raising data.num_conversations re-answers only the new first turns; each size reads its own view, so a
     smaller size's data (and held-out split) is byte-identical however many larger sizes were made since."""

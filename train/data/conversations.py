@@ -121,8 +121,10 @@ def _raw_messages(rec: Any) -> list[tuple[str, str]]:
     return out
 
 
-def normalize(pairs: list[tuple[str, str]], stats: ReadStats | None = None) -> list[dict]:
-    """Alternate user/assistant (optional leading system), ending on an answer; raises _Skip if no exchange."""
+def normalize(pairs: list[tuple[str, str]], stats: ReadStats | None = None, questions: bool = False) -> list[dict]:
+    """Alternate user/assistant (optional leading system), ending on an answer; raises _Skip if no exchange.
+    questions=True (prompts for the target to answer): a trailing user turn is kept, and a record needs a user turn,
+    not an answer."""
     stats = stats if stats is not None else ReadStats()
     out: list[dict] = []
     i = 0
@@ -142,6 +144,10 @@ def normalize(pairs: list[tuple[str, str]], stats: ReadStats | None = None) -> l
             break
         out.append({"role": role, "content": content})
         expect = "assistant" if expect == "user" else "user"
+    if questions:
+        if not any(m["role"] == "user" for m in out):
+            raise _Skip("no user turn", "no user message to answer")
+        return out
     if out and out[-1]["role"] == "user":
         out.pop()  # a question with no answer supervises nothing
         stats.trimmed["trailing user"] = stats.trimmed.get("trailing user", 0) + 1
@@ -164,13 +170,13 @@ def _content_id(messages: list[dict]) -> str:
     return "sha1:" + h[:16]
 
 
-def _convert(rec: Any, where: str, stats: ReadStats) -> Conversation | None:
+def _convert(rec: Any, where: str, stats: ReadStats, questions: bool = False) -> Conversation | None:
     stats.read += 1
     rid = _record_id(rec)
     if rid is not None:
         where = f"{where} (id={rid})"
     try:
-        messages = normalize(_raw_messages(rec), stats)
+        messages = normalize(_raw_messages(rec), stats, questions)
     except _Skip as s:
         stats.skip(s.reason, where, s.detail)
         return None
@@ -419,19 +425,24 @@ def _records(path: str, stats: ReadStats) -> Iterator[tuple[Any, str]]:
     raise DataError(f"{p}: unknown data format: starts with {first!r}, expected '[' or '{{'")
 
 
-def read_conversations(path: str, limit: int | None = None, stats: ReadStats | None = None) -> Iterator[Conversation]:
-    """Yield normalised conversations from `path` ("sharegpt", .json, .jsonl, hf:NAME[:SPLIT] or a dataset dir)."""
+def read_conversations(
+    path: str, limit: int | None = None, stats: ReadStats | None = None, questions: bool = False
+) -> Iterator[Conversation]:
+    """Yield normalised conversations from `path` ("sharegpt", .json, .jsonl, hf:NAME[:SPLIT] or a dataset dir).
+    questions=True also yields records that end on a user turn or hold no answer at all (prompts to regenerate)."""
     stats = stats if stats is not None else ReadStats()
     records = _records(str(path), stats)  # eager: a missing file or unknown format fails at the call
-    return _kept(records, limit, stats)
+    return _kept(records, limit, stats, questions)
 
 
-def _kept(records: Iterator[tuple[Any, str]], limit: int | None, stats: ReadStats) -> Iterator[Conversation]:
+def _kept(
+    records: Iterator[tuple[Any, str]], limit: int | None, stats: ReadStats, questions: bool = False
+) -> Iterator[Conversation]:
     if limit is not None and limit <= 0:
         return
     n = 0
     for rec, where in records:
-        conv = _convert(rec, where, stats)
+        conv = _convert(rec, where, stats, questions)
         if conv is None:
             continue
         yield conv

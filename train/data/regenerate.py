@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from draftsmith.atomic import atomic_write
 from draftsmith.errors import ConfigError
 from draftsmith.generate import default_threads, iter_generate, resolve_backend
-from draftsmith.train.data.conversations import read_conversations
+from draftsmith.train.data.conversations import ReadStats, read_conversations
 from draftsmith.train.data.render import render_prompt
 
 SETTINGS = ("target", "data", "max_tokens", "temperature", "seed", "max_prompt_tokens")
@@ -44,14 +44,16 @@ def first_prompts(data: str, limit: int | None, tokenizer, max_prompt_tokens: in
     """[{id, messages (every message before the first answer: system, user), prompt_ids, source (the whole
     conversation)}] and how many were too long to keep. (eval/prompts.py `first_turns` keeps the first user
     message alone, for served prompts.)"""
-    out, too_long = [], 0
-    for conv in read_conversations(data, limit):
-        k = next(i for i, m in enumerate(conv.messages) if m["role"] == "assistant")
+    out, too_long, stats = [], 0, ReadStats()
+    for conv in read_conversations(data, limit, stats, questions=True):  # prompts alone are fine: nothing to replace
+        k = next((i for i, m in enumerate(conv.messages) if m["role"] == "assistant"), len(conv.messages))
         ids = render_prompt(tokenizer, conv.messages[:k])
         if len(ids) > max_prompt_tokens:
             too_long += 1
             continue
         out.append({"id": conv.id, "messages": conv.messages[:k], "prompt_ids": ids, "source": conv.messages})
+    if not stats.kept:
+        raise ConfigError(f"{data}: no user turn to answer ({stats.summary()})")
     return out, too_long
 
 

@@ -114,7 +114,7 @@ def test_regenerate_with_hf_resumes_without_duplicates(tiny_target_dir, tmp_path
         regenerate(str(tiny_target_dir), str(src), str(out), max_tokens=7, backend="hf")
 
 
-def test_regenerate_answers_a_prompts_only_file(tiny_target_dir, tmp_path):
+def test_regenerate_answers_a_prompts_only_file(tiny_target_dir, tmp_path, monkeypatch):
     """A file of prompts with no answers (e.g. the questions a deployment sees) is regenerated like a dataset; a file
     with no user turn at all is refused with its name and what was skipped, before any model loads."""
     from draftsmith.errors import ConfigError
@@ -134,6 +134,12 @@ def test_regenerate_answers_a_prompts_only_file(tiny_target_dir, tmp_path):
     assert [r["id"] for r in recs] == ["p0", "p1", "p2"]
     assert all([m["role"] for m in r["messages"]] == ["user", "assistant"] for r in recs)
     assert len(list(read_conversations(str(out)))) == sum(1 for r in recs if r["messages"][-1]["content"])
+    # the same file named relative to another directory is the same pool: resumed, nothing asked again
+    monkeypatch.chdir(tmp_path)
+    again = regenerate(str(tiny_target_dir), "prompts.jsonl", "regen.jsonl", max_tokens=5, batch_size=2, backend="hf")
+    assert again["resumed_with"] == 3 and again["generated"] == 0
+    with pytest.raises(ConfigError, match="other settings"):  # another file is not
+        regenerate(str(tiny_target_dir), str(out), "regen.jsonl", max_tokens=5, backend="hf")
     empty = tmp_path / "system_only.jsonl"
     empty.write_text(json.dumps({"id": "s", "messages": [{"role": "system", "content": "Hi."}]}) + "\n")
     with pytest.raises(ConfigError, match=r"(?s)system_only\.jsonl: no user turn to answer.*no user turn=1"):

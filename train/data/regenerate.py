@@ -125,6 +125,14 @@ def _append(out: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
+def _source_key(source) -> str:
+    """A target or data source as a pool's settings record it: an existing file or dir by its absolute path (the same
+    file named from another directory, or relative and absolute, is the same pool), anything else (sharegpt, a hub
+    id) as given."""
+    path = Path(str(source)).expanduser()
+    return str(path.resolve()) if path.exists() else str(source)
+
+
 def regenerate(
     target: str,
     data: str,
@@ -155,8 +163,8 @@ def regenerate(
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     settings = {
-        "target": str(target),
-        "data": str(data),
+        "target": _source_key(target),
+        "data": _source_key(data),
         "max_tokens": max_tokens,
         "temperature": temperature,
         "seed": seed,
@@ -166,6 +174,7 @@ def regenerate(
     meta_path = out_path.with_name(out_path.name + ".meta.json")
     if meta_path.is_file():
         old = json.loads(meta_path.read_text())
+        old.update({k: _source_key(old[k]) for k in ("target", "data") if isinstance(old.get(k), str)})
         diff = {k: (old.get(k), settings[k]) for k in SETTINGS if old.get(k) != settings[k]}
         if diff:
             raise ConfigError(

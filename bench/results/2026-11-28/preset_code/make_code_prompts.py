@@ -2,7 +2,7 @@
 cut after its docstring (signature + docstring, like a HumanEval problem) and asked in the code workload's words
 (eval/prompts.py humaneval_prompts). No HumanEval problem is taken; the stdlib is read from this interpreter.
 
-    python make_code_prompts.py OUT.jsonl [--n 1200] [--per-module 4] [--seed 0]
+    python make_code_prompts.py OUT.jsonl [--n 1200] [--per-module 6] [--seed 0]
 
 Writes {"id", "messages": [user]} lines, the conversations format `draftsmith regenerate` and data.also read.
 """

@@ -17,7 +17,8 @@ and data, and logs the time (data preparation, like `regen`; not a training minu
 
 Budgets: `--tokens` trains every lever on the same number of supervised tokens (quality per token; the
 lr schedule spans exactly that budget), `--minutes` bounds wall time (quality per minute; throughput
-levers show up here). Training tok/s is printed per lever, measured in this run.
+levers show up here; given alone, it trains until the clock and the lr schedule ends with it, however many epochs
+that takes). Training tok/s is printed per lever, measured in this run.
 
 An A/B at equal minutes on a 2-core machine, one command (two levers trained at once on one core each, then
 served on the held-out chat prompts and on MT-Bench and HumanEval):
@@ -128,6 +129,7 @@ LEVERS = {
     "bs512": ("512-token batches (twice the optimizer steps)", ["data.max_tokens_per_batch=512"]),
     "bs2048": ("2,048-token batches", ["data.max_tokens_per_batch=2048"]),
     "lr1e-3": ("peak lr 1e-3", ["optim.lr=1e-3"]),
+    "lr4e-3": ("peak lr 4e-3", ["optim.lr=4e-3"]),
     "lr6e-3": ("peak lr 6e-3", ["optim.lr=6e-3"]),
     "ns3": ("Muon with 3 Newton-Schulz iterations instead of 5 (~12 % more steps per minute)", ["optim.ns_steps=3"]),
     "wd0.1": ("decoupled weight decay 0.1 on every parameter", ["optim.weight_decay=0.1"]),
@@ -236,14 +238,13 @@ def overrides(spec: str, regen: str | None, features: str | None = None) -> list
     return [o for o in out if last[o.split("=", 1)[0]] is o]
 
 
-def train(name: str, spec: str, args, run_dir: Path, threads: int | None = None) -> None:
-    if (run_dir / "done").is_file():
-        print(f"[{name}] finished earlier: {run_dir}", flush=True)
-        return
+CLOCK_EPOCHS = 1000  # optim.epochs under --minutes alone: the clock ends the run and its lr schedule
+
+
+def train_command(name: str, spec: str, args, run_dir: Path) -> list[str]:
+    """The train/run.py command line (after the interpreter and script) that trains lever `spec` into run_dir."""
     ovr = overrides(spec, args.regen_data, args.features_dir)
     cmd = [
-        sys.executable,
-        str(ROOT / "train" / "run.py"),
         "conf=eagle3_smollm2",
         f"run_name={name}",
         f"output_dir={run_dir}",
@@ -252,10 +253,12 @@ def train(name: str, spec: str, args, run_dir: Path, threads: int | None = None)
         *ovr,
         f"optim.max_tokens={args.tokens}" if args.tokens else "optim.max_tokens=null",
         f"optim.max_minutes={args.minutes}" if args.minutes else "optim.max_minutes=null",
-        # --epochs, unless the lever sets its own (ep4)
+        # --epochs, unless the lever sets its own (ep4); --minutes alone: epochs enough that the clock binds (the
+        # preset's one epoch would otherwise end the run first, its lr cosine with it)
         *(
-            [f"optim.epochs={args.epochs}"]
-            if args.epochs and not any(o.startswith("optim.epochs=") for o in ovr)
+            [f"optim.epochs={args.epochs or CLOCK_EPOCHS}"]
+            if (args.epochs or (args.minutes and not args.tokens))
+            and not any(o.startswith("optim.epochs=") for o in ovr)
             else []
         ),
     ]
@@ -270,6 +273,14 @@ def train(name: str, spec: str, args, run_dir: Path, threads: int | None = None)
         cmd += ["save_every=100000", "keep_checkpoints=1"]
     if (run_dir / "checkpoints").exists():
         cmd.append("resume=auto")
+    return cmd
+
+
+def train(name: str, spec: str, args, run_dir: Path, threads: int | None = None) -> None:
+    if (run_dir / "done").is_file():
+        print(f"[{name}] finished earlier: {run_dir}", flush=True)
+        return
+    cmd = [sys.executable, str(ROOT / "train" / "run.py"), *train_command(name, spec, args, run_dir)]
     print(f"[{name}] " + " ".join(cmd[2:]), flush=True)
     t0 = time.time()
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {})}

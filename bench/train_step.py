@@ -8,9 +8,10 @@ the first costs with data.features=memory|offline).
 
 All settings are timed in one process, interleaved round by round (A B A B ...), so a neighbour's load hits
 each alike; the table reports the median step and its tok/s against the first setting of its family. It also
-counts each step's matmul FLOPs (forward + backward = 3x the forward's, attention included) and reports the
-achieved FLOP/s against the machine's GEMM peak, measured in the same rounds (a square matmul of the same
-precision and threads).
+counts each step's matmul FLOPs (forward + backward = 3x the forward's, attention included; not the optimizer's)
+and reports the achieved FLOP/s against the machine's GEMM peak, measured in the same rounds (a square matmul of
+the same precision and threads), and the seconds of the step that the optimizer took (Muon's Newton-Schulz
+iterations: a fixed cost per step, so larger batches spread it over more tokens).
 Not a test: the figures depend on the machine (and print its CPU flags that matter).
 """
 
@@ -91,7 +92,8 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "
     params = [p for p in head.parameters() if p.requires_grad]
     opt = build_optimizer(OptimConfig(name=optim, lr=1e-4), head)
 
-    def step(precision: str) -> None:
+    def step(precision: str) -> float:
+        """One step; returns the seconds of its optimizer step (Muon's Newton-Schulz iterations are there)."""
         ctx = (
             torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else torch.autocast("cpu", enabled=False)
         )
@@ -99,8 +101,10 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "
             value = loss()
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
+        t0 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
 
     return step, B * T, step_flops(family, tc, B, T, vocab, ttt)
 
@@ -130,15 +134,17 @@ def main() -> None:
     steps = {k: make_step(k[0], tc, k[2], args.draft_vocab, args.ttt, k[1]) for k in kinds}
     peaks = {p: gemm_peak(p) for p in args.precisions.split(",")}
     times: dict = {s: [] for s in settings}
+    opt_times: dict = {s: [] for s in settings}
     peak_times: dict = {(p, int(t)): [] for p in peaks for t in args.threads.split(",")}
     for r in range(args.repeats + 1):  # round 0 warms up (allocator, oneDNN kernels) and is dropped
         for s in settings:
             kind, precision, threads = s
             torch.set_num_threads(threads)
             t0 = time.perf_counter()
-            steps[kind][0](precision)
+            t_opt = steps[kind][0](precision)
             if r:
                 times[s].append(time.perf_counter() - t0)
+                opt_times[s].append(t_opt)
         for p, t in peak_times:
             torch.set_num_threads(t)
             t0 = time.perf_counter()
@@ -155,10 +161,10 @@ def main() -> None:
         + ", ".join(f"{p} {t} thread(s) {v / 1e9:.0f} GFLOP/s" for (p, t), v in sorted(peak.items()))
     )
     print(
-        "| family | optimizer | tokens/step | precision | threads | s/step | tok/s | tok/s vs first of family "
-        "| GFLOP/s | of GEMM peak |"
+        "| family | optimizer | tokens/step | precision | threads | s/step | of it the optimizer | tok/s "
+        "| tok/s vs first of family | GFLOP/s | of GEMM peak |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     first = {}
     for s in settings:
         kind, precision, threads = s
@@ -168,7 +174,8 @@ def main() -> None:
         first.setdefault(family, tok_s)
         achieved = steps[kind][2] / med
         print(
-            f"| {family} | {optim} | {tokens} | {precision} | {threads} | {med:.3f} | {tok_s:.0f} "
+            f"| {family} | {optim} | {tokens} | {precision} | {threads} | {med:.3f} "
+            f"| {statistics.median(opt_times[s]):.3f} | {tok_s:.0f} "
             f"| {tok_s / first[family]:.2f}x | {achieved / 1e9:.1f} | {achieved / peak[precision, threads]:.0%} |"
         )
 

@@ -195,6 +195,24 @@ def test_supervise_all_trains_on_prompt_rows_too(tiny_target_dir, data_file, tmp
     tokens = {m: [r["tokens"] for r in logs if "loss" in r][-1] for m, logs in runs.items()}
     assert tokens["all"] > 1.3 * tokens["assistant"], tokens  # the user turns and system prompt join the loss
 
+    # a token budget counts those tokens too, so the lr cosine spans the steps the budget takes and has come down
+    # when the budget stops the run (it spanned 1.3x too many steps once: the run stopped with its lr mid-way)
+    out = tmp_path / "budget"
+    run_train(
+        tiny_target_dir,
+        data_file,
+        out,
+        "data.supervise=all",
+        "optim.max_steps=null",
+        f"optim.max_tokens={4 * tokens['all']}",
+        "save_every=0",
+    )
+    logs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in logs if "loss" in r]
+    peak = max(r["lr"] for r in steps)
+    assert steps[-1]["tokens"] >= 4 * tokens["all"] > steps[-2]["tokens"]
+    assert steps[-1]["lr"] <= 0.12 * peak, [round(r["lr"] / peak, 3) for r in steps]  # min_lr_ratio 0.1
+
 
 def test_overflow_split_trains_on_every_window(tiny_target_dir, data_file, tmp_path):
     """data.overflow=split turns the tokens truncation drops into more samples, and the truncating run says what
@@ -239,3 +257,41 @@ def test_auto_precision_follows_the_timed_probe(monkeypatch):
     monkeypatch.setattr(build, "_cpu_bf16_speedup", lambda: 2.0)
     build.pin_fast_bf16(False)
     assert not build.fast_bf16(torch.device("cpu")) and build.target_dtype("auto", torch.device("cpu")) == torch.float32
+
+
+@pytest.mark.parametrize("supervise", ["assistant", "all"])
+def test_token_budget_schedule_spans_the_steps_the_budget_takes(supervise):
+    """optim.max_tokens becomes the steps the lr cosine spans through the tokens a step counts: with data.supervise=all
+    every real token, not only the assistant's (else the cosine spans more steps than the budget allows and the run
+    stops before its lr has come down)."""
+    import math
+    import random
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from draftsmith.train.data.dataset import epoch_batches
+    from draftsmith.train.data.render import Sample
+    from draftsmith.train.loop import total_steps
+
+    rng = random.Random(0)
+    train = []
+    for i in range(300):
+        prompt, answer = rng.randint(20, 200), rng.randint(10, 250)
+        train.append(Sample(input_ids=[1] * (prompt + answer), loss_mask=[0] * prompt + [1] * answer, conv_id=f"c{i}"))
+    cfg = OmegaConf.create(
+        {
+            "data": {"supervise": supervise, "max_tokens_per_batch": 1024, "max_batch_size": 16, "seed": 0},
+            "optim": {"max_steps": None, "max_tokens": 200_000, "grad_accum": 1, "epochs": 1},
+        }
+    )
+    data = SimpleNamespace(train=train)
+    # the tokens the steps of one epoch count, as Trainer.step counts them
+    batches = epoch_batches(data, cfg, 0, 0, 1)
+    counted = [
+        sum(len(train[i].input_ids) if supervise == "all" else sum(train[i].loss_mask) for i in b) for b in batches
+    ]
+    want = math.ceil(200_000 / (sum(counted) / len(batches)))
+    assert total_steps(cfg, data, len(batches), 1) == want
+    if supervise == "all":  # the prompt rows count: fewer steps than the assistant tokens alone would need
+        assert want < math.ceil(200_000 / (sum(sum(s.loss_mask) for s in train) / len(batches)))

@@ -124,7 +124,10 @@ def total_steps(cfg, data, per_epoch: int, world: int) -> int:
     if cfg.optim.max_steps:
         return cfg.optim.max_steps
     if cfg.optim.max_tokens:
-        per_batch = sum(sum(s.loss_mask) for s in data.train) / max(1, len(epoch_batches(data, cfg, 0, 0, 1)))
+        # what a step counts against the budget: its supervised tokens, every real one under data.supervise=all
+        every_row = cfg.data.supervise == "all"
+        tokens = sum(len(s.input_ids) if every_row else sum(s.loss_mask) for s in data.train)
+        per_batch = tokens / max(1, len(epoch_batches(data, cfg, 0, 0, 1)))
         return max(1, math.ceil(cfg.optim.max_tokens / (per_batch * world * cfg.optim.grad_accum)))
     return per_epoch * cfg.optim.epochs
 

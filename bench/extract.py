@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     base = [
         "conf=eagle3_smollm2",
         "data.path=sharegpt",
+        "data.also=[]",
         f"data.num_conversations={args.samples}",
         "data.heldout=8",
         f"data.max_length={args.max_length}",

@@ -30,6 +30,7 @@ def overrides(out: Path, *extra: str) -> list[str]:
     return [
         "conf=eagle3_smollm2",
         "data.path=sharegpt",
+        "data.also=[]",
         "data.num_conversations=48",
         "data.heldout=8",
         "data.max_length=256",

@@ -30,6 +30,10 @@ class ConfigError(DraftsmithError, ValueError):
     exit_code = 2
 
 
+class DataError(DraftsmithError, ValueError):
+    """Bad input data; the message names the file and the record."""
+
+
 class Interrupted(DraftsmithError):
     """Ctrl-C, handled where the work could stop cleanly (the message says what was saved)."""
 

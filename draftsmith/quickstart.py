@@ -49,6 +49,7 @@ def run_child(cmd: list[str]) -> int:
 def training_plan(overrides: list[str]) -> str:
     """What stage 2 will do with these overrides, for its banner (the data size and source the config says)."""
     from draftsmith.train.config import compose_config, validate_config
+    from draftsmith.train.data.dataset import also_entries
 
     cfg = compose_config(overrides)
     validate_config(cfg)  # a bad override fails here, before the target is prepared or anything trains
@@ -58,6 +59,12 @@ def training_plan(overrides: list[str]) -> str:
         data = f"the target re-answers the first turns of {n} {d.path[len('regen:') :]} conversations, once, cached"
     else:
         data = f"{n} conversations from {d.path}"
+    extra = [
+        path + (f" at T={own['regen_temperature']:g}" if "regen_temperature" in own else "")
+        for path, own in also_entries(d)
+    ]
+    if extra:
+        data += "; plus " + ", ".join(extra) + " (data.also)"
     features = {
         "offline": "; its features are extracted once and cached",
         "memory": "; its features are kept in memory after first use",

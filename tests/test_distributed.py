@@ -46,6 +46,7 @@ def tiny_args(target_dir, data_file, out_dir, *overrides) -> list[str]:
         "target.vocab_size=49152",
         "target.aux_layer_ids=[1,3,4]",
         f"data.path={data_file}",
+        "data.also=[]",  # not the preset's code sets
         "data.num_conversations=32",
         "data.heldout=4",
         "data.max_length=96",

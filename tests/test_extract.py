@@ -42,6 +42,7 @@ def overrides(tiny_target_dir, data_file, out_dir, *extra) -> list[str]:
         "mixed_precision=no",
         "data.features=online",
         f"data.path={data_file}",
+        "data.also=[]",  # not the preset's code sets
         "data.num_conversations=32",
         "data.heldout=4",
         "data.max_length=96",

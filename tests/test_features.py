@@ -212,6 +212,43 @@ def test_data_also_regen_trains_on_source_and_target_answers(tiny_target_dir, tm
     assert {s.conv_id for s in plain.train} <= {s.conv_id for s in answered}  # every one answered by the target
 
 
+def test_data_also_mapping_entry_makes_its_set_with_its_own_settings(tiny_target_dir, tmp_path, monkeypatch):
+    """data.also=[regen:pycode:..., {path: regen:pycode:..., regen_temperature: 1.0, seed: 3}]: the same code prompts
+    answered twice, greedy and sampled, each set its own cached view; data.'s settings stay as they were."""
+    from omegaconf import OmegaConf
+
+    import draftsmith.train.data.code_prompts as cp
+    import draftsmith.train.data.regenerate as regen_mod
+    from draftsmith.train.build import resolve_data_cfg
+    from draftsmith.train.data.conversations import read_conversations
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(regen_mod, "resolve_backend", lambda backend: "hf")
+    calls = []
+    real = regen_mod.regenerate
+    monkeypatch.setattr(regen_mod, "regenerate", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "m.py").write_text(
+        "".join(f'def f{i}(x):\n    """Function {i}.\n\n    Returns x.\n    """\n    return x\n\n\n' for i in range(4))
+    )
+    monkeypatch.setattr(cp, "root_dir", lambda name: lib)
+    src = tmp_path / "src.jsonl"
+    _write_source(src, 4)
+    base = {"path": str(src), "num_conversations": 2, "heldout": 1, "max_length": 64, "seed": 0}
+    base |= {"regen_max_tokens": 4, "regen_temperature": 0.0, "overflow": "truncate"}
+    also = ["regen:pycode:stdlib:3", {"path": "regen:pycode:stdlib:3", "regen_temperature": 1.0, "seed": 3}]
+    cfg = resolve_data_cfg(OmegaConf.create({**base, "also": also}), str(tiny_target_dir))
+    greedy, sampled = cfg.also
+    assert greedy != sampled and cfg.seed == 0 and cfg.regen_temperature == 0.0
+    # regenerate(target, source, pool, n, max_tokens, temperature, seed): each set asked with its own settings
+    assert [(c[1], c[5], c[6]) for c in calls] == [("pycode:stdlib:3", 0.0, 0), ("pycode:stdlib:3", 1.0, 3)]
+    for view in (greedy, sampled):
+        convs = list(read_conversations(view))
+        assert len(convs) == 3 and all(c.id.startswith("stdlib:m.f") for c in convs)
+        assert all([m["role"] for m in c.messages] == ["user", "assistant"] for c in convs)
+
+
 def test_seeded_regen_pool_is_used_as_is(tiny_target_dir, tmp_path, monkeypatch):
     """A pool written where regen_pool_path points (what bench/seed_regen_pool.py does on a fresh machine) is the
     run's data: a fresh cache seeded with another cache's pool generates nothing and gives the same view, byte for

@@ -58,7 +58,12 @@ def compose(*overrides):
         ("data.max_disk=lots", "data.max_disk=lots"),
         ("data.supervise=everything", "data.supervise=everything"),
         ("data.overflow=wrap", "data.overflow=wrap"),
-        ("data.also=[sharegpt,'']", "data.also="),
+        ("data.also=[sharegpt,'']", "data.also[1]=''"),
+        ("data.path=pycode:stdlib", "data.path=pycode:stdlib"),
+        ("data.also=[regen:sharegpt,pycode:stdlib]", "data.also[1]=pycode:stdlib"),
+        ("data.also=[{path:sharegpt,seed:1}]", "data.also[0].path=sharegpt"),
+        ("data.also=[{path:'regen:sharegpt',regen_temperature:-1}]", "data.also[0].regen_temperature=-1"),
+        ("data.also=[{path:'regen:sharegpt',temperature:0.7}]", "data.also[0].temperature"),
         ("keep_checkpoints=0", "keep_checkpoints=0"),
         ("resume=/no/such/run", "resume=/no/such/run"),
         ("mixed_precision=fp8", "mixed_precision=fp8"),
@@ -311,6 +316,10 @@ def test_quickstart_banner_follows_the_overrides():
     assert training_plan(["conf=eagle3_smollm2"]).startswith("the target re-answers the first turns of 4,000 sharegpt")
     text = training_plan(["conf=eagle3_smollm2", "data.num_conversations=300", "optim.max_minutes=12"])
     assert "300 sharegpt conversations" in text and "12 minutes" in text
+    text = training_plan(
+        ["conf=eagle3_smollm2", "data.also=[regen:pycode:stdlib,{path:'regen:pycode:stdlib',regen_temperature:0.7}]"]
+    )
+    assert "; plus regen:pycode:stdlib, regen:pycode:stdlib at T=0.7 (data.also)" in text
     with pytest.raises(ConfigError, match="data.num_conversations=0"):
         training_plan(["conf=eagle3_smollm2", "data.num_conversations=0"])
 

@@ -13,7 +13,7 @@ from draftsmith.assets import cache_dir, resolve_target
 from draftsmith.atomic import atomic_write
 from draftsmith.errors import ConfigError
 from draftsmith.train.data.conversations import DataError
-from draftsmith.train.data.dataset import also, overflow, prepare_data
+from draftsmith.train.data.dataset import also_entries, overflow, prepare_data
 from draftsmith.train.data.render import special_ids
 from draftsmith.train.data.vocab import build_draft_vocab
 from draftsmith.train.heads import families
@@ -235,21 +235,24 @@ def resolve_data_cfg(data_cfg, target_path: str):
     regenerated view (made if missing)."""
     from omegaconf import OmegaConf
 
-    def view(path: str, more: int = 0) -> str:
+    def view(path: str, more: int = 0, settings: dict | None = None) -> str:
         if not path.startswith("regen:"):
             return path
         n = data_cfg.num_conversations
         return regenerated_path(
-            OmegaConf.merge(data_cfg, {"path": path, "num_conversations": None if n is None else n + more}),
+            OmegaConf.merge(
+                data_cfg, {"path": path, "num_conversations": None if n is None else n + more, **(settings or {})}
+            ),
             target_path,
         )
 
     out = {}
-    extra = also(data_cfg)
-    if any(p.startswith("regen:") for p in extra):
+    extra = also_entries(data_cfg)
+    if any(p.startswith("regen:") for p, _ in extra):
         # an also regen:SOURCE answers SOURCE's first num_conversations + heldout conversations: when SOURCE is
-        # data.path, that is every one data.path trains on (its held-out ones among them are then left out)
-        out["also"] = [view(p, data_cfg.heldout) for p in extra]
+        # data.path, that is every one data.path trains on (its held-out ones among them are then left out); a
+        # mapping entry's own regen settings make its set
+        out["also"] = [view(p, data_cfg.heldout, settings) for p, settings in extra]
     if str(data_cfg.path).startswith("regen:"):
         out.update(path=view(str(data_cfg.path)), num_conversations=None)
     return OmegaConf.merge(data_cfg, out) if out else data_cfg

@@ -66,13 +66,16 @@ class HeadConfig:
 @dataclass
 class DataConfig:
     # "sharegpt" (embedded ShareGPT_V3), a JSON/JSONL file, hf:NAME[:SPLIT], or regen:SOURCE = SOURCE's first
-    # turns re-answered by the target (draftsmith regenerate; generated once, cached, resumable)
+    # turns re-answered by the target (draftsmith regenerate; generated once, cached, resumable); SOURCE may also be
+    # pycode:stdlib or pycode:site-packages[:N], code-completion prompts read from the installed Python
     path: str = "sharegpt"
     # more sources trained on beside data.path, each named as data.path is (regen:SOURCE made with the regen_*
     # settings and num_conversations below): e.g. [regen:sharegpt] trains on the source's text and the target's own
     # answers to it. Held-out comes from data.path alone, and a conversation of these whose id data.path holds out
     # is left out, so the target's answers to a held-out prompt never reach training
-    also: list[str] = field(default_factory=list)
+    # An entry may also be a mapping {path: regen:SOURCE, regen_temperature: 0.7, seed: 1} (keys: regen_temperature,
+    # regen_max_tokens, regen_turns, seed): that set is made with its own settings, e.g. sampled beside a greedy one
+    also: list[Any] = field(default_factory=list)
     num_conversations: Optional[int] = None  # None = all
     heldout: int = 64  # conversations held out from training (eval + served prompts)
     max_length: int = 2048  # tokens per sample
@@ -179,6 +182,40 @@ CHOICES = {
 }
 
 
+def also_problems(entries, prompts_only: str) -> list[str]:
+    """config_problems' lines for data.also: each entry a source name, or a mapping of a regen: source and its own
+    regen settings."""
+    checks = {
+        "regen_temperature": (lambda v: isinstance(v, (int, float)) and v >= 0, "0 (greedy) or a temperature > 0"),
+        "regen_max_tokens": (lambda v: isinstance(v, int) and v >= 1, "answer length cap, >= 1"),
+        "regen_turns": (lambda v: isinstance(v, int) and v >= 1, "user turns answered per conversation, >= 1"),
+        "seed": (lambda v: isinstance(v, int), "an integer sampling seed"),
+    }
+    problems = []
+    for i, e in enumerate(entries or []):
+        key = f"data.also[{i}]"
+        if isinstance(e, str):
+            if not e.strip():
+                problems.append(f"{key}={e!r}: an empty source (expected a source name, as data.path takes)")
+            elif e.startswith("pycode:"):
+                problems.append(f"{key}={e}: {prompts_only}")
+            continue
+        if not hasattr(e, "keys"):
+            problems.append(f"{key}={e}: expected a source name or a mapping {{path: regen:SOURCE, ...}}")
+            continue
+        path = e.get("path")
+        if not isinstance(path, str) or not path.startswith("regen:"):
+            problems.append(f"{key}.path={path}: a mapping entry names a regen:SOURCE (its settings make that set)")
+        for k in e.keys():
+            if k == "path":
+                continue
+            if k not in checks:
+                problems.append(f"{key}.{k}: unknown key (a mapping entry takes path, {', '.join(checks)})")
+            elif not checks[k][0](e.get(k)):
+                problems.append(f"{key}.{k}={e.get(k)}: {checks[k][1]}")
+    return problems
+
+
 def config_problems(cfg) -> list[str]:
     """Every key whose value cannot work, as `key=value: why` lines (empty when the config is usable).
 
@@ -246,7 +283,9 @@ def config_problems(cfg) -> list[str]:
     need("data.regen_max_tokens", lambda v: v >= 1, "answer length cap, >= 1")
     need("data.regen_temperature", lambda v: v >= 0, "0 (greedy) or a sampling temperature > 0")
     need("data.regen_turns", lambda v: v >= 1, "user turns answered per conversation, >= 1")
-    need("data.also", lambda v: all(isinstance(x, str) and x.strip() for x in v or []), "a list of sources, none empty")
+    prompts_only = "pycode: sources are prompts with no answers; regen:pycode:... has the target answer them"
+    need("data.path", lambda v: not str(v).startswith("pycode:"), prompts_only)
+    problems += also_problems(get("data.also"), prompts_only)
     if get("data.max_disk") is not None:
         from draftsmith.train.features.shards import parse_size
 

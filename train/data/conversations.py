@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 
 from tqdm.auto import tqdm
 
-from draftsmith.errors import DraftsmithError
+from draftsmith.errors import DataError
 
 ROLE_MAP = {
     "human": "user",
@@ -34,10 +34,6 @@ ROLE_MAP = {
 CHUNK_CHARS = 1 << 20  # the JSON array is decoded 1 MiB at a time
 MAX_RECORD_CHARS = 256 << 20  # a "record" this large without closing is a broken file, not a long chat
 MAX_EXAMPLES = 5
-
-
-class DataError(DraftsmithError, ValueError):
-    """Bad input data; the message names the file and the record."""
 
 
 @dataclass
@@ -402,6 +398,10 @@ def _open_hf(path: str) -> tuple[Any, str]:
 
 
 def _records(path: str, stats: ReadStats) -> Iterator[tuple[Any, str]]:
+    if path.startswith("pycode:"):
+        from draftsmith.train.data.code_prompts import pycode_records
+
+        return pycode_records(path)
     if path.startswith("hf:"):
         ds, name = _open_hf(path)
         return _iter_hf(ds, name)
@@ -428,7 +428,8 @@ def _records(path: str, stats: ReadStats) -> Iterator[tuple[Any, str]]:
 def read_conversations(
     path: str, limit: int | None = None, stats: ReadStats | None = None, questions: bool = False
 ) -> Iterator[Conversation]:
-    """Yield normalised conversations from `path` ("sharegpt", .json, .jsonl, hf:NAME[:SPLIT] or a dataset dir).
+    """Yield normalised conversations from `path` ("sharegpt", .json, .jsonl, hf:NAME[:SPLIT], a dataset dir, or
+    pycode:ROOT[:N], code-completion prompts from the installed Python).
     questions=True also yields records that end on a user turn or hold no answer at all (prompts to regenerate)."""
     stats = stats if stats is not None else ReadStats()
     records = _records(str(path), stats)  # eager: a missing file or unknown format fails at the call

@@ -69,9 +69,23 @@ def overflow(cfg) -> str:
     return getattr(cfg, "overflow", "truncate")
 
 
+def also_entries(cfg) -> list[tuple[str, dict]]:
+    """data.also as (source, settings) pairs, empty for a config saved before the key existed. An entry is a source
+    name, or a mapping {path: regen:SOURCE, regen_temperature: ..., seed: ...}: its regen: set made with those
+    settings instead of data.'s (a sampled set beside a greedy one of the same prompts)."""
+    out = []
+    for e in getattr(cfg, "also", None) or []:
+        if isinstance(e, str):
+            out.append((e, {}))
+        else:
+            e = dict(e)
+            out.append((str(e.pop("path", "")), e))
+    return out
+
+
 def also(cfg) -> list[str]:
-    """data.also as a list of paths, empty for a config saved before the key existed."""
-    return [str(p) for p in (getattr(cfg, "also", None) or [])]
+    """data.also's sources (each entry's path), empty for a config saved before the key existed."""
+    return [path for path, _ in also_entries(cfg)]
 
 
 def source_id(conv_id: str) -> str:

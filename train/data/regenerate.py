@@ -275,7 +275,11 @@ def regenerate(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="draftsmith regenerate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2", help="HF dir/id, or smollm2 (the embedded default)")
-    ap.add_argument("--data", default="sharegpt", help="sharegpt, a JSON/JSONL file, or hf:NAME[:SPLIT]")
+    ap.add_argument(
+        "--data",
+        default="sharegpt",
+        help="sharegpt, a JSON/JSONL file, hf:NAME[:SPLIT], or pycode:stdlib|site-packages[:N] (code prompts)",
+    )
     ap.add_argument("--out", required=True, help="JSONL to write (resumed if it exists)")
     ap.add_argument("--num-conversations", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=256)

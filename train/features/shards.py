@@ -35,7 +35,7 @@ from safetensors.torch import save as st_save
 
 from draftsmith.atomic import atomic_write_json
 from draftsmith.errors import DraftsmithError
-from draftsmith.train.data.dataset import also, overflow
+from draftsmith.train.data.dataset import also_entries, overflow
 from draftsmith.train.heads import families
 
 FORMAT, VERSION = "draftsmith-features", 1
@@ -154,8 +154,8 @@ def data_config_summary(cfg) -> dict:
         out["regen_turns"] = d.get("regen_turns")
     if overflow(d) != "truncate":
         out["overflow"] = overflow(d)
-    if also(d):
-        out["also"] = also(d)
+    if also_entries(d):
+        out["also"] = [path if not own else {"path": path, **own} for path, own in also_entries(d)]
     if families.get(cfg.head.family).stage2:  # which stage picks the samples (stage 2: the target's continuations)
         out["head.stage"] = cfg.head.stage
         if cfg.head.stage == 2:

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the preset before the levers: what `baseline` pins
 BASELINE = [
     "data.path=sharegpt",
+    "data.also=[]",
     "data.num_conversations=3000",
     "data.features=online",
     "head.init=random",

@@ -281,6 +281,38 @@ def test_seeded_regen_pool_is_used_as_is(tiny_target_dir, tmp_path, monkeypatch)
     assert len(calls) == 2 and calls[-1]["generated"] == 0 and calls[-1]["resumed_with"] == 3
 
 
+def test_seed_regen_pool_also_puts_an_also_entrys_pool_where_its_settings_point(tmp_path, monkeypatch):
+    """bench/seed_regen_pool.py --also I seeds the pool data.also[I] resolves to, with that entry's own settings (the
+    preset's sampled stdlib set: T=0.7, seed 1), not data.path's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from draftsmith.train.build import regen_pool_path
+    from draftsmith.train.config import compose_config
+
+    monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
+    root = Path(__file__).resolve().parent.parent
+    pool = tmp_path / "t07.jsonl"
+    pool.write_text('{"id": "stdlib:m.f", "messages": []}\n')
+    over = ["conf=eagle3_smollm2", f"target.name_or_path={tmp_path / 'target'}"]
+    env = dict(os.environ)
+    script = [sys.executable, str(root / "bench" / "seed_regen_pool.py")]
+    proc = subprocess.run([*script, "--also", "2", str(pool), *over], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = compose_config(over).data
+    entry = OmegaConf.to_container(data.also[2])
+    assert entry["regen_temperature"] == 0.7 and entry["seed"] == 1
+    want = regen_pool_path(OmegaConf.merge(data, entry), str(tmp_path / "target"))
+    greedy = regen_pool_path(OmegaConf.merge(data, {"path": entry["path"]}), str(tmp_path / "target"))
+    assert want.read_bytes() == pool.read_bytes() and not greedy.exists()
+    proc = subprocess.run([*script, "--also", "7", str(pool), *over], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "--also 7: data.also has 3 entries" in proc.stderr
+
+
 @pytest.mark.slow
 def test_regenerate_with_vllm_equals_hf_greedy(tiny_target_dir, tmp_path):
     """Both backends give the target's greedy answer: the same token ids on a tiny fp32 target."""

@@ -182,15 +182,22 @@ CHOICES = {
 }
 
 
+# the regen settings, checked where data. sets them and where a data.also mapping entry sets its own (a mapping's
+# values are untyped, hence the type checks)
+REGEN_CHECKS = {
+    "regen_max_tokens": (lambda v: isinstance(v, int) and v >= 1, "answer length cap, >= 1"),
+    "regen_temperature": (
+        lambda v: isinstance(v, (int, float)) and v >= 0,
+        "0 (greedy) or a sampling temperature > 0",
+    ),
+    "regen_turns": (lambda v: isinstance(v, int) and v >= 1, "user turns answered per conversation, >= 1"),
+}
+
+
 def also_problems(entries, prompts_only: str) -> list[str]:
     """config_problems' lines for data.also: each entry a source name, or a mapping of a regen: source and its own
     regen settings."""
-    checks = {
-        "regen_temperature": (lambda v: isinstance(v, (int, float)) and v >= 0, "0 (greedy) or a temperature > 0"),
-        "regen_max_tokens": (lambda v: isinstance(v, int) and v >= 1, "answer length cap, >= 1"),
-        "regen_turns": (lambda v: isinstance(v, int) and v >= 1, "user turns answered per conversation, >= 1"),
-        "seed": (lambda v: isinstance(v, int), "an integer sampling seed"),
-    }
+    checks = {**REGEN_CHECKS, "seed": (lambda v: isinstance(v, int), "an integer sampling seed")}
     problems = []
     for i, e in enumerate(entries or []):
         key = f"data.also[{i}]"
@@ -280,9 +287,8 @@ def config_problems(cfg) -> list[str]:
         f"a batch must hold one sample of data.max_length={get('data.max_length')} tokens",
     )
     need("data.max_batch_size", lambda v: v >= 1, "samples per batch, >= 1")
-    need("data.regen_max_tokens", lambda v: v >= 1, "answer length cap, >= 1")
-    need("data.regen_temperature", lambda v: v >= 0, "0 (greedy) or a sampling temperature > 0")
-    need("data.regen_turns", lambda v: v >= 1, "user turns answered per conversation, >= 1")
+    for key, (ok, why) in REGEN_CHECKS.items():
+        need("data." + key, ok, why)
     prompts_only = "pycode: sources are prompts with no answers; regen:pycode:... has the target answer them"
     need("data.path", lambda v: not str(v).startswith("pycode:"), prompts_only)
     problems += also_problems(get("data.also"), prompts_only)

@@ -154,8 +154,9 @@ def data_config_summary(cfg) -> dict:
         out["regen_turns"] = d.get("regen_turns")
     if overflow(d) != "truncate":
         out["overflow"] = overflow(d)
-    if also_entries(d):
-        out["also"] = [path if not own else {"path": path, **own} for path, own in also_entries(d)]
+    extra = also_entries(d)
+    if extra:
+        out["also"] = [path if not own else {"path": path, **own} for path, own in extra]
     if families.get(cfg.head.family).stage2:  # which stage picks the samples (stage 2: the target's continuations)
         out["head.stage"] = cfg.head.stage
         if cfg.head.stage == 2:

@@ -8,7 +8,7 @@ setup:
 	@bash scripts/setup.sh
 
 quickstart: setup
-	$(ACT) draftsmith quickstart
+	$(ACT) draftsmith quickstart $(ARGS)
 
 test: setup lint
 	$(ACT) python -m pytest tests -v

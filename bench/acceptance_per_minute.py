@@ -239,9 +239,6 @@ def overrides(spec: str, regen: str | None, features: str | None = None) -> list
     return [o for o in out if last[o.split("=", 1)[0]] is o]
 
 
-CLOCK_EPOCHS = 1000  # optim.epochs under --minutes alone: the clock ends the run and its lr schedule
-
-
 def train_command(name: str, spec: str, args, run_dir: Path) -> list[str]:
     """The train/run.py command line (after the interpreter and script) that trains lever `spec` into run_dir."""
     ovr = overrides(spec, args.regen_data, args.features_dir)
@@ -254,12 +251,11 @@ def train_command(name: str, spec: str, args, run_dir: Path) -> list[str]:
         *ovr,
         f"optim.max_tokens={args.tokens}" if args.tokens else "optim.max_tokens=null",
         f"optim.max_minutes={args.minutes}" if args.minutes else "optim.max_minutes=null",
-        # --epochs, unless the lever sets its own (ep4); --minutes alone: epochs enough that the clock binds (the
-        # preset's one epoch would otherwise end the run first, its lr cosine with it)
+        # --epochs, unless the lever sets its own (ep4); otherwise the preset's (none: --minutes alone trains until
+        # the clock, --tokens until the cap, as the preset itself does)
         *(
-            [f"optim.epochs={args.epochs or CLOCK_EPOCHS}"]
-            if (args.epochs or (args.minutes and not args.tokens))
-            and not any(o.startswith("optim.epochs=") for o in ovr)
+            [f"optim.epochs={args.epochs}"]
+            if args.epochs and not any(o.startswith("optim.epochs=") for o in ovr)
             else []
         ),
     ]

@@ -1,35 +1,216 @@
-"""`draftsmith quickstart`: the README's main job on the embedded default, end to end.
+"""`draftsmith quickstart`: a first EAGLE-3 head for the embedded default, end to end, within a time budget.
 
-    prepare target (SmolLM2-135M-Instruct GGUF -> HF dir) -> the target re-answers 2,000 ShareGPT first turns
-    (once, cached) -> render them with its chat template -> extract the target's features (once, cached) ->
-    train an EAGLE-3 head with TTT for 60 minutes (train/run.py conf=eagle3_smollm2) -> export for vLLM ->
-    served acceptance in real vLLM (trained head vs ngram, suffix, no speculation) on held-out prompts.
+    draftsmith quickstart                  # 45 minutes after set-up, planned from a probe of this machine
+    draftsmith quickstart --budget 90      # more data and training minutes
+    draftsmith quickstart --full           # the preset as measured: 4,000 turns + code sets, 60 training minutes
 
-Each stage is the same command a user runs by hand; the stage wall times and the table land in
-<out>/quickstart.json. Re-running resumes training from the last checkpoint.
+Stages: prepare the target (SmolLM2-135M-Instruct GGUF -> HF dir, once) -> probe this machine (target forward,
+head training step: seconds) -> plan -> the target's own answers to ShareGPT first turns (shipped with the package
+for this target; regenerated where anything differs) and their features (extracted once, cached) -> train the head
+(train/run.py conf=eagle3_smollm2, the planned minutes on the clock) -> export for vLLM -> served acceptance in real
+vLLM on held-out chat prompts and MT-Bench (and HumanEval with --full): the head against ngram, suffix and no
+speculation. The plan with an ETA per stage prints before anything runs; the last lines compare planned and spent
+time per stage. Everything lands in <out>/quickstart.json. Re-running the same command continues from the last
+checkpoint (the plan in <out>/plan.json is reused).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+PRESET = "eagle3_smollm2"
+DEFAULT_BUDGET = 45.0  # minutes, everything after set-up
+PASSES = 3.0  # planned passes over the data: the measured hour ran 2.9 (held-out curve flat at its end)
+TOKENS_PER_TURN = 283  # rendered tokens per ShareGPT first turn asked (the shipped pool: 1.13M for 4,000 turns)
+POOL_TURNS = 4000  # first turns the shipped pool answers (more are regenerated: ~256 new tok/s here)
+MIN_TURNS = 600  # fewer answers than this trained no head worth serving in the data-size A/Bs
+MIN_TRAIN_MINUTES = 5.0
+MARGIN = 0.05  # share of the budget held back for what the probe cannot see (a busy neighbour, disk)
+# what the probe does not time, measured on the 2-core EPYC (bench/results/2026-11-28/quickstart/): seconds
+DATA_S = 60.0  # read ShareGPT, take the shipped answers, render with the chat template, draft vocab
+TRAIN_OVERHEAD_S = 60.0  # load the target ends and features, the final held-out eval, the last checkpoint
+EXPORT_S = 15.0
+ENGINE_START_S = 25.0  # one vLLM engine per method and workload (enforce_eager)
+EXTRACT_PER_PROBE = 0.85  # extraction tok/s over the probe's forward tok/s (shard writing, padding, tokenising)
+SERVE_PER_FORWARD = 0.09  # served tok/s at batch 8, 128 tokens per prompt, over the probe's forward tok/s
+SERVE_METHODS = ("none", "ngram", "suffix")
 
-@contextmanager
-def stage(name: str, timings: dict):
-    """Print a banner around one stage and record its wall time in `timings`."""
-    print(f"\n=== {name} ===", flush=True)
-    start = time.time()
-    yield
-    timings[name] = round(time.time() - start, 1)
-    print(f"=== {name}: {timings[name]:.0f} s ===", flush=True)
+
+@dataclass
+class Rates:
+    forward_tok_s: float
+    train_tok_s: float
+    bf16: bool
+    threads: int
+    cpu: str
+    flags: str
+
+    @property
+    def extract_tok_s(self) -> float:
+        return self.forward_tok_s * EXTRACT_PER_PROBE
+
+    @property
+    def serve_tok_s(self) -> float:
+        return self.forward_tok_s * SERVE_PER_FORWARD
+
+
+@dataclass
+class Plan:
+    budget_min: float | None  # None: --full
+    conversations: int
+    code_sets: bool
+    train_minutes: float
+    num_prompts: int
+    workloads: list[str]
+    stages: dict[str, float] = field(default_factory=dict)  # planned seconds
+
+    def overrides(self, out: Path, extra: list[str]) -> list[str]:
+        return training_overrides(
+            str(out), self.train_minutes, self.conversations, None if self.code_sets else [], extra
+        )
+
+
+class BudgetTooSmall(ValueError):
+    pass
+
+
+def training_overrides(out: str, minutes: float, conversations: int, also: list | None, extra: list[str]) -> list[str]:
+    """The training stage's Hydra overrides: the preset with its data size and clock set (also=None keeps its
+    data.also), then the user's own overrides, then resume=auto (a re-run continues)."""
+    return [
+        f"conf={PRESET}",
+        f"output_dir={out}",
+        f"data.num_conversations={conversations}",
+        *([] if also is None else ["data.also=[]"]),
+        f"optim.max_minutes={minutes:g}",
+        *extra,
+        "resume=auto",
+    ]
+
+
+def serve_seconds(rates: Rates, workloads: list[str], num_prompts: int, max_tokens: int) -> float:
+    methods = len(SERVE_METHODS) + 1
+    return len(workloads) * methods * (ENGINE_START_S + num_prompts * max_tokens / rates.serve_tok_s)
+
+
+def make_plan(
+    budget_min: float, rates: Rates, spent_s: float, num_prompts: int, max_tokens: int, full: bool = False
+) -> Plan:
+    """Split `budget_min` (minus what is spent already) between extraction, training and serving.
+
+    Each answered turn costs its extraction once and PASSES training passes: with e and t the extraction and training
+    tok/s, N tokens take N/e + PASSES*N/t seconds, so the data grows with the budget and the clock follows it; past
+    the shipped pool's 4,000 turns the rest goes to training minutes."""
+    workloads = ["chat", "mtbench"] + (["code"] if full else [])
+    serve = serve_seconds(rates, workloads, num_prompts, max_tokens)
+    if full:  # the preset as measured: its data (all sets) and its 60 minutes, whatever they take here
+        tokens = 2_150_000
+        stages = {
+            "data": DATA_S + 300,  # + reading site-packages for the code prompts (~4 min on 2 cores)
+            "extract": tokens / rates.extract_tok_s,
+            "train": 3600 + TRAIN_OVERHEAD_S,
+            "export": EXPORT_S,
+            "serve": serve,
+        }
+        return Plan(None, POOL_TURNS, True, 60.0, num_prompts, workloads, stages)
+    fixed = DATA_S + TRAIN_OVERHEAD_S + EXPORT_S + serve
+    left = budget_min * 60 * (1 - MARGIN) - spent_s - fixed  # seconds for extraction + training
+    per_token = 1 / rates.extract_tok_s + PASSES / rates.train_tok_s
+    turns = int(max(0.0, left) / per_token / TOKENS_PER_TURN)
+    turns = min(POOL_TURNS, turns)
+    extract = (turns + 128) * TOKENS_PER_TURN / rates.extract_tok_s  # + the 128 held-out samples
+    train_min = (left - extract) / 60
+    if turns < MIN_TURNS or train_min < MIN_TRAIN_MINUTES:
+        need = spent_s + fixed + MIN_TURNS * TOKENS_PER_TURN * per_token + 128 * TOKENS_PER_TURN / rates.extract_tok_s
+        need = max(need, spent_s + fixed + extract + MIN_TRAIN_MINUTES * 60)
+        smallest = math.ceil(need / 60 / (1 - MARGIN))
+        raise BudgetTooSmall(
+            f"--budget {budget_min:g}: too small to train a useful head on this machine (it would answer "
+            f"{turns} turns and train {max(train_min, 0):.1f} min; at least {MIN_TURNS} turns and "
+            f"{MIN_TRAIN_MINUTES:g} min are needed). The smallest budget that works here: --budget {smallest}"
+        )
+    train_min = round(train_min, 1)
+    stages = {"data": DATA_S, "extract": extract, "train": train_min * 60 + TRAIN_OVERHEAD_S, "export": EXPORT_S}
+    stages["serve"] = serve
+    return Plan(budget_min, turns, False, train_min, num_prompts, workloads, stages)
+
+
+def probe(target_dir: str) -> Rates:
+    """Time the target's feature forward and the preset head's training step here (~30 s)."""
+    import torch
+    from transformers import AutoConfig
+
+    from draftsmith.probe import cpu_flags, cpu_name, head_step_rate, target_forward_rate
+    from draftsmith.train.build import probe_fast_bf16, target_dtype
+    from draftsmith.train.config import compose_config
+    from draftsmith.train.target import Target
+
+    cfg = compose_config([f"conf={PRESET}"])
+    cpu = torch.device("cpu")
+    bf16 = probe_fast_bf16(cpu)
+    target = Target.from_pretrained(target_dir, dtype=target_dtype("auto", cpu))
+    forward = target_forward_rate(target, seq=512)
+    del target
+    tc = AutoConfig.from_pretrained(target_dir)
+    train = head_step_rate(
+        tc,
+        cfg.data.max_tokens_per_batch,
+        cfg.head.draft_vocab_size,
+        cfg.head.ttt_steps,
+        cfg.optim.name,
+        "bf16" if bf16 else "fp32",
+    )
+    return Rates(forward, train, bf16, torch.get_num_threads(), cpu_name(), cpu_flags())
+
+
+def fmt_min(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def print_plan(plan: Plan, rates: Rates, spent: dict[str, float]) -> None:
+    print(
+        f"machine: {rates.cpu} ({rates.flags}), {rates.threads} torch threads, bf16 {'on' if rates.bf16 else 'off'}; "
+        f"target forward {rates.forward_tok_s:.0f} tok/s, head step {rates.train_tok_s:.0f} tok/s",
+        flush=True,
+    )
+    data = f"the target's answers to {plan.conversations:,} ShareGPT first turns" + (
+        " + the preset's code sets" if plan.code_sets else ""
+    )
+    print(
+        f"plan ({'--full: the preset as measured' if plan.budget_min is None else f'budget {plan.budget_min:g} min'}):"
+        f" {data}; {plan.train_minutes:g} training minutes (~{PASSES:g} passes); served on "
+        f"{', '.join(plan.workloads)} x {plan.num_prompts} prompts",
+        flush=True,
+    )
+    clock = sum(spent.values())
+    for name, seconds in plan.stages.items():
+        clock += seconds
+        print(f"  {name:<8} {fmt_min(seconds):>10}   ETA +{fmt_min(clock)}", flush=True)
+
+
+@dataclass
+class Stages:
+    """Wall time per stage, printed as a banner around each."""
+
+    spent: dict[str, float] = field(default_factory=dict)
+
+    def run(self, name: str, title: str, fn):
+        print(f"\n=== {title} ===", flush=True)
+        start = time.time()
+        try:
+            return fn()
+        finally:
+            self.spent[name] = round(time.time() - start, 1)
+            print(f"=== {name}: {fmt_min(self.spent[name])} ===", flush=True)
 
 
 def run_child(cmd: list[str]) -> int:
@@ -46,31 +227,74 @@ def run_child(cmd: list[str]) -> int:
         signal.signal(signal.SIGINT, previous)
 
 
-def training_plan(overrides: list[str]) -> str:
-    """What stage 2 will do with these overrides, for its banner (the data size and source the config says)."""
-    from draftsmith.train.config import compose_config, validate_config
-    from draftsmith.train.data.dataset import also_entries
+def load_or_plan(out: Path, key: dict, make) -> Plan:
+    """The plan saved by an earlier run of the same command (so a re-run resumes the same training run), else a new
+    one, saved."""
+    path = out / "plan.json"
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            print(f"plan: reusing {path} (the same command ran before; training resumes from its checkpoint)")
+            return Plan(**saved["plan"])
+    plan = make()
+    from draftsmith.atomic import atomic_write_json
 
-    cfg = compose_config(overrides)
-    validate_config(cfg)  # a bad override fails here, before the target is prepared or anything trains
-    d, o = cfg.data, cfg.optim
-    n = "all" if d.num_conversations is None else f"{d.num_conversations:,}"
-    if str(d.path).startswith("regen:"):
-        data = f"the target re-answers the first turns of {n} {d.path[len('regen:') :]} conversations, once, cached"
-    else:
-        data = f"{n} conversations from {d.path}"
-    extra = [
-        path + (f" at T={own['regen_temperature']:g}" if "regen_temperature" in own else "")
-        for path, own in also_entries(d)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"key": key, "plan": asdict(plan)})
+    return plan
+
+
+def served_rows(results: dict[str, dict]) -> list[dict]:
+    """Per workload and method: tokens per target step, served tok/s and the speed-up against no speculation."""
+    rows = []
+    for workload, result in results.items():
+        none = result["methods"].get("none", {})
+        for name, r in result["methods"].items():
+            if r.get("status") != "ok":
+                rows.append({"workload": workload, "method": name, "status": r.get("status"), "error": r.get("error")})
+                continue
+            rows.append(
+                {
+                    "workload": workload,
+                    "method": name,
+                    "tokens_per_target_step": r["tokens_per_target_step"],
+                    "per_position_acceptance": r["per_position_acceptance"],
+                    "output_tok_s": r["output_tokens_per_s"],
+                    "speedup_vs_none": (
+                        r["output_tokens_per_s"] / none["output_tokens_per_s"]
+                        if none.get("output_tokens_per_s")
+                        else None
+                    ),
+                    "match_vs_none": r.get("match_vs_none"),
+                }
+            )
+    return rows
+
+
+def headline(rows: list[dict], rates: Rates) -> str:
+    """The README's headline table: per workload, the head's tokens per target step against ngram and suffix, and
+    its served speed against no speculation."""
+    by = {(r["workload"], r["method"]): r for r in rows if "tokens_per_target_step" in r}
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    out = [
+        f"machine: {rates.cpu} ({rates.flags}), 2 cores; served in vLLM at batch 8, greedy, k=3, 128 tokens",
+        "",
+        "| workload | head tok/step | ngram | suffix | head / best training-free | head tok/s vs none "
+        "| outputs = none |",
+        "|---|---|---|---|---|---|---|",
     ]
-    if extra:
-        data += "; plus " + ", ".join(extra) + " (data.also)"
-    features = {
-        "offline": "; its features are extracted once and cached",
-        "memory": "; its features are kept in memory after first use",
-    }.get(d.features, "")
-    budget = f"{o.max_minutes:g} minutes" if o.max_minutes else f"{o.max_tokens:,} tokens" if o.max_tokens else "epochs"
-    return f"{data}{features}; then TTT training for {budget}"
+    for w in workloads:
+        h, n, s = by.get((w, "eagle3")), by.get((w, "ngram")), by.get((w, "suffix"))
+        if not (h and n and s):
+            out.append(f"| {w} | failed: see acceptance/{w}/acceptance.md | | | | | |")
+            continue
+        best = max(n["tokens_per_target_step"], s["tokens_per_target_step"])
+        out.append(
+            f"| {w} | **{h['tokens_per_target_step']:.2f}** | {n['tokens_per_target_step']:.2f} | "
+            f"{s['tokens_per_target_step']:.2f} | {h['tokens_per_target_step'] / best:.2f}x | "
+            f"{h['speedup_vs_none']:.2f}x | {h['match_vs_none']:.2f} |"
+        )
+    return "\n".join(out)
 
 
 def main(argv: list[str]) -> int:
@@ -79,79 +303,147 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--out", default="outputs/quickstart", help="run directory (default: outputs/quickstart)")
     p.add_argument(
-        "--minutes",
+        "--budget",
         type=float,
-        default=None,
-        help="wall-clock cap on training in minutes (default: the preset's 60; the lr schedule ends with it)",
+        default=DEFAULT_BUDGET,
+        help=f"minutes for everything after set-up (default {DEFAULT_BUDGET:g}); the plan fits data, training and "
+        "serving into it from a probe of this machine",
     )
-    p.add_argument("--num-prompts", type=int, default=32, help="held-out prompts served per method (default 32)")
+    p.add_argument("--full", action="store_true", help="the preset as measured (4,000 turns + code sets, 60 min)")
+    p.add_argument("--plan-only", action="store_true", help="probe this machine, print the plan and stop")
+    p.add_argument("--num-prompts", type=int, default=32, help="prompts served per workload and method (default 32)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
-    p.add_argument(
-        "--k",
-        type=int,
-        default=3,
-        help="speculative tokens per step when serving (default 3); the head trains as the preset says (TTT 2, "
-        "which served k=3 better than TTT 3 did; override with head.ttt_steps=N)",
-    )
-    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for training, e.g. head.ttt_steps=2")
+    p.add_argument("--k", type=int, default=3, help="speculative tokens per step when serving (default 3)")
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for training, e.g. head.ttt_steps=3")
     args = p.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "offline")
     out = Path(args.out).resolve()
-    timings: dict[str, float] = {}
+    stages = Stages()
     total = time.time()
 
-    with stage("1/4 prepare target", timings):
-        from draftsmith.assets import prepare_smollm2
+    from draftsmith.assets import prepare_smollm2
 
-        target = prepare_smollm2()
-        print(f"target: {target}")
+    target = str(stages.run("prepare", "1/6 prepare target", prepare_smollm2))
+    print(f"target: {target}")
+    rates = stages.run("probe", "2/6 probe this machine", lambda: probe(target))
+    key = {k: getattr(args, k) for k in ("budget", "full", "num_prompts", "max_tokens", "overrides")}
 
-    overrides = [
-        "conf=eagle3_smollm2",
-        f"output_dir={out}",
-        *args.overrides,
-        *([f"optim.max_minutes={args.minutes}"] if args.minutes else []),
-        "resume=auto",
-    ]  # a re-run continues from the last checkpoint (none yet: from step 0)
-    with stage(f"2/4 train EAGLE-3 head ({training_plan(overrides)})", timings):
-        cmd = [sys.executable, "-m", "draftsmith.train.run", *overrides]
-        print(" ".join(cmd[1:]), flush=True)
-        code = run_child(cmd)
-        if code:  # training printed its own one-paragraph error (or the Ctrl-C note) above
-            print(
-                f"draftsmith quickstart: training stopped (exit status {code}); re-run `draftsmith quickstart` with "
-                "the same options to continue from its last checkpoint",
-                file=sys.stderr,
-            )
-            return code
+    def new_plan() -> Plan:
+        spent = sum(stages.spent.values())
+        return make_plan(args.budget, rates, spent, args.num_prompts, args.max_tokens, args.full)
+
+    try:
+        plan = new_plan() if args.plan_only else load_or_plan(out, key, new_plan)
+    except BudgetTooSmall as e:
+        print(f"draftsmith quickstart: {e}", file=sys.stderr)
+        return 2
+    print_plan(plan, rates, stages.spent)
+    if args.plan_only:
+        return 0
+
+    from draftsmith.train.config import compose_config, validate_config
+
+    overrides = plan.overrides(out, args.overrides)
+    validate_config(compose_config(overrides))  # a bad override fails here, before anything is prepared
+    cmd = [sys.executable, "-m", "draftsmith.train.run", *overrides]
+    print("\n" + " ".join(cmd[1:]), flush=True)
+    # data, extraction and training are one child (train/run.py prepares its data and features before the clock);
+    # it records how long the first two took, so the summary can split them
+    (out / "prepare_seconds.json").unlink(missing_ok=True)
+    code = stages.run("data+extract+train", "3/6 data, features, training (train/run.py)", lambda: run_child(cmd))
+    split_child_stages(stages, out / "prepare_seconds.json")
+    if code:  # training printed its own one-paragraph error (or the Ctrl-C note) above
+        print(
+            f"draftsmith quickstart: training stopped (exit status {code}); re-run the same command to continue "
+            "from its last checkpoint",
+            file=sys.stderr,
+        )
+        return code
 
     exported = out / "exported"
-    with stage("3/4 export for vLLM", timings):
+
+    def export() -> int:
         from draftsmith.cli import main as cli
 
-        if cli(["export", "--format", "vllm", str(out), str(exported)]) != 0:
-            return 1
+        return cli(["export", "--format", "vllm", str(out), str(exported)])
 
-    with stage("4/4 served acceptance in vLLM", timings):
+    if stages.run("export", "4/6 export for vLLM", export) != 0:
+        return 1
+
+    def serve() -> dict:
         from draftsmith.eval.acceptance import format_table, run_acceptance
+        from draftsmith.eval.prompts import humaneval_prompts, mtbench_file
 
-        result = run_acceptance(
-            str(target),
-            str(out / "heldout_prompts.jsonl"),
-            ["none", "ngram", "suffix"],
-            {"eagle3": str(exported)},
-            k=args.k,
-            max_tokens=args.max_tokens,
-            num_prompts=args.num_prompts,
-            out_dir=str(out / "acceptance"),
-        )
+        files = {"chat": out / "heldout_prompts.jsonl", "mtbench": mtbench_file()}
+        if "code" in plan.workloads:  # HumanEval as a prompts file, once
+            files["code"] = out / "humaneval_prompts.jsonl"
+            files["code"].write_text("".join(json.dumps(r) + "\n" for r in humaneval_prompts()))
+        results = {}
+        for w in plan.workloads:
+            print(f"\n--- {w} ---", flush=True)
+            results[w] = run_acceptance(
+                target,
+                str(files[w]),
+                list(SERVE_METHODS),
+                {"eagle3": str(exported)},
+                k=args.k,
+                max_tokens=args.max_tokens,
+                num_prompts=plan.num_prompts,
+                out_dir=str(out / "acceptance" / w),
+                batch_size=8,
+            )
+            print(format_table(results[w]), flush=True)
+        return results
 
-    timings["total"] = round(time.time() - total, 1)
-    train_log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    last = [r for r in train_log if "tok_per_s" in r][-1]
-    last_eval = [r for r in train_log if "eval/acc" in r][-1]
+    results = stages.run("serve", "5/6 served acceptance in vLLM", serve)
+    spent_total = round(time.time() - total, 1)
+    summary = write_summary(out, plan, rates, stages.spent, spent_total, results)
+    print("\n=== 6/6 summary ===")
+    print(summary["headline"])
+    tr = summary["train"]
+    print(
+        f"\ntraining: {tr['tokens']:,} supervised tokens in {tr['steps']} steps at {tr['tok_per_s']:.0f} tok/s; "
+        f"held-out per-step accuracy {[round(a, 3) for a in tr['eval_acc_per_step']]}"
+    )
+    print("planned / spent per stage: " + ", ".join(summary["stage_line"]))
+    verdict = "within" if plan.budget_min is None or spent_total <= 60 * plan.budget_min else "OVER"
+    budget = "" if plan.budget_min is None else f" of the {plan.budget_min:g}-minute budget ({verdict})"
+    print(f"total {fmt_min(spent_total)}{budget}; results: {out}/quickstart.json")
+    return 0
+
+
+def split_child_stages(stages: Stages, marks: Path) -> None:
+    """Split the training child's wall time into data / extract / train from the marks train/run.py wrote."""
+    child = stages.spent.pop("data+extract+train")
+    m = json.loads(marks.read_text()) if marks.is_file() else {}
+    data = m.get("data_s", 0.0)
+    extract = m.get("features_s", 0.0)
+    stages.spent.update(
+        {"data": round(data, 1), "extract": round(extract, 1), "train": round(child - data - extract, 1)}
+    )
+
+
+def write_summary(out: Path, plan: Plan, rates: Rates, spent: dict, total_s: float, results: dict) -> dict:
+    from draftsmith.atomic import atomic_write_json
+
+    log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in log if "tok_per_s" in r][-1]
+    last_eval = [r for r in log if "eval/acc" in r][-1]
+    rows = served_rows(results)
+    order = ["prepare", "probe", "data", "extract", "train", "export", "serve"]
+    line = [
+        f"{s} {fmt_min(plan.stages[s]) if s in plan.stages else '-'} / {fmt_min(spent.get(s, 0))}"
+        for s in order
+        if s in spent or s in plan.stages
+    ]
     summary = {
-        "stage_seconds": timings,
+        "command": "draftsmith quickstart " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["quickstart"] else []),
+        "machine": {"cpu": rates.cpu, "flags": rates.flags, "threads": rates.threads, "bf16": rates.bf16},
+        "probe": {"forward_tok_s": round(rates.forward_tok_s), "train_tok_s": round(rates.train_tok_s)},
+        "plan": asdict(plan),
+        "stage_seconds_planned": {k: round(v, 1) for k, v in plan.stages.items()},
+        "stage_seconds_spent": spent,
+        "total_seconds": total_s,
         "train": {
             "steps": last["step"],
             "tokens": last["tokens"],
@@ -159,14 +451,9 @@ def main(argv: list[str]) -> int:
             "eval_acc_per_step": last_eval["eval/acc"],
             "eval_sim_accept_len": last_eval["eval/sim_accept_len"],
         },
-        "acceptance": str(out / "acceptance" / "acceptance.json"),
+        "served": rows,
+        "headline": headline(rows, rates),
+        "stage_line": line,
     }
-    (out / "quickstart.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("\n" + format_table(result))
-    print(
-        f"\ntraining: {last['tokens']} supervised tokens in {last['step']} steps at {last['tok_per_s']:.0f} tok/s; "
-        f"held-out per-step accuracy {[round(a, 3) for a in last_eval['eval/acc']]}"
-    )
-    print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
-    print(f"results: {out}/quickstart.json, {out}/acceptance/acceptance.md")
-    return 0
+    atomic_write_json(out / "quickstart.json", summary)
+    return summary

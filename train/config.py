@@ -117,7 +117,8 @@ class OptimConfig:
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     grad_clip: float = 0.5
-    epochs: int = 1
+    # passes over the data; null = no epoch cap, so the clock (max_minutes), max_tokens or max_steps ends the run
+    epochs: Optional[int] = 1
     max_steps: Optional[int] = None  # None = epochs over the data
     max_minutes: Optional[float] = None  # wall-clock bound; the run saves and stops when reached
     max_tokens: Optional[int] = None  # supervised-token budget: the lr schedule spans it and the run stops there
@@ -255,7 +256,14 @@ def config_problems(cfg) -> list[str]:
     need("optim.warmup_steps", lambda v: v >= 0, "must be >= 0")
     need("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "the cosine's floor as a share of the peak lr, in [0, 1]")
     need("optim.grad_clip", lambda v: v > 0, "the gradient-norm clip must be > 0 (0 would zero every update)")
-    need("optim.epochs", lambda v: v >= 1, "must be >= 1")
+    need("optim.epochs", optional_min(1), "passes over the data, >= 1, or null for no epoch cap (clock/tokens/steps)")
+    if get("optim.epochs") is None and not any(
+        get(k) for k in ("optim.max_steps", "optim.max_tokens", "optim.max_minutes")
+    ):
+        problems.append(
+            "optim.epochs=null: with no optim.max_minutes, optim.max_tokens or optim.max_steps, nothing would end "
+            "the run"
+        )
     need("optim.max_steps", optional_min(1), "optimizer steps, >= 1, or null for no step cap (epochs/tokens/clock)")
     need("optim.max_minutes", lambda v: v is None or v > 0, "minutes of training, > 0, or null for no clock")
     need("optim.max_tokens", optional_min(1), "supervised tokens, >= 1, or null for no token budget")

@@ -115,8 +115,12 @@ def evaluate(cfg, head, target, samples, device, autocast, features=None) -> dic
     }
 
 
+UNBOUNDED = sys.maxsize  # total_steps with optim.epochs=null and only the clock: the schedule follows the clock alone
+
+
 def total_steps(cfg, data, per_epoch: int, world: int) -> int:
-    """Optimizer steps the lr schedule spans: max_steps, else the token budget, else epochs over the data.
+    """Optimizer steps the lr schedule spans: max_steps, else the token budget, else epochs over the data, else
+    (optim.epochs=null, the clock alone) UNBOUNDED, and the cosine follows optim.max_minutes.
 
     A token budget (supervised tokens over all ranks) becomes steps through the mean supervised tokens of a
     batch; the run also stops at the budget itself, so the schedule ends where training does.
@@ -129,6 +133,8 @@ def total_steps(cfg, data, per_epoch: int, world: int) -> int:
         tokens = sum(len(s.input_ids) if every_row else sum(s.loss_mask) for s in data.train)
         per_batch = tokens / max(1, len(epoch_batches(data, cfg, 0, 0, 1)))
         return max(1, math.ceil(cfg.optim.max_tokens / (per_batch * world * cfg.optim.grad_accum)))
+    if cfg.optim.epochs is None:
+        return UNBOUNDED
     return per_epoch * cfg.optim.epochs
 
 
@@ -387,8 +393,8 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
     s.start = time.time() - pos.elapsed_s
     deadline = s.start + 60 * cfg.optim.max_minutes if cfg.optim.max_minutes else None
     bar = tqdm(
-        total=s.total, initial=pos.step, desc="train", unit="step", disable=not accelerator.is_main_process,
-        dynamic_ncols=True,
+        total=None if s.total == UNBOUNDED else s.total, initial=pos.step, desc="train", unit="step",
+        disable=not accelerator.is_main_process, dynamic_ncols=True,
     )  # fmt: skip
     s.model.train()
     done, interrupted, first_step = pos.step >= s.total, False, pos.step

@@ -10,8 +10,10 @@ python train/run.py conf=eagle3_llama8b dry_run=true dry_run_processes=8   # per
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -107,7 +109,9 @@ def run(cfg: DictConfig) -> dict:
     # copies its last layer)
     ends_only = cfg.data.features in ("offline", "stream") and cfg.head.init != "target"
     stats_dir = run_dir if accelerator.is_main_process else None
+    t0 = time.time()
     target, tokenizer, data, vocab = build_run(cfg, accelerator.device, stats_dir, log=log, ends_only=ends_only)
+    prepared = {"data_s": round(time.time() - t0, 1), "features_s": 0.0}  # this invocation's, before the clock
     if cfg.data.features == "offline":
         from draftsmith.train.features.shards import HELDOUT_DIR
         from draftsmith.train.features.sources import ensure_offline_features, features_complete
@@ -131,6 +135,9 @@ def run(cfg: DictConfig) -> dict:
                 f"<the same overrides>` adds them"
             )
             target = build_target(cfg.target, accelerator.device)[0]
+    prepared["features_s"] = round(time.time() - t0 - prepared["data_s"], 1)
+    if accelerator.is_main_process:  # the quickstart splits its stage times with it
+        (run_dir / "prepare_seconds.json").write_text(json.dumps(prepared) + "\n")
     head = build_head(cfg.head, target, vocab)
     head.config.target["name_or_path"] = tokenizer.name_or_path  # the target's resolved local dir or hub id
     tracker = None

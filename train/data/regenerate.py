@@ -125,6 +125,29 @@ def _append(out: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
+def take_shipped(target_path, data, settings: dict, backend: str, todo: list[dict], done: dict, out_path: Path):
+    """Answer what a shipped pool (draftsmith/shipped.py) already answered for this target, these settings and this
+    generator, where its prompt equals the one asked here; append those records to the pool, return the rest."""
+    from draftsmith.shipped import prompt_messages, shipped_answers
+
+    keyed = {k: settings[k] for k in ("max_tokens", "temperature", "seed", "max_prompt_tokens")}
+    name, answers = shipped_answers(target_path, {"source": str(data), **keyed}, backend)
+    if not name:
+        return todo
+    taken = [
+        answers[p["id"]] for p in todo if p["id"] in answers and prompt_messages(answers[p["id"]]) == p["messages"]
+    ]
+    if taken:
+        _append(out_path, taken)
+        done.update((r["id"], r) for r in taken)
+    print(
+        f"regenerate: {len(taken)} of {len(todo)} answers taken from the shipped pool {name} (same target sha256, "
+        f"settings and generator; prompts compared one by one)",
+        flush=True,
+    )
+    return [p for p in todo if p["id"] not in done]
+
+
 def _source_key(source) -> str:
     """A target or data source as a pool's settings record it: an existing file or dir by its absolute path (the same
     file named from another directory, or relative and absolute, is the same pool), anything else (sharegpt, a hub
@@ -189,6 +212,8 @@ def regenerate(
     done = load_done(out_path)
     resumed = len(done)
     todo = [p for p in prompts if p["id"] not in done]
+    if todo:
+        todo = take_shipped(target_path, data, settings, backend, todo, done, out_path)
     print(
         f"regenerate: {len(prompts)} first turns from {data} ({too_long} prompts over {max_prompt_tokens} tokens "
         f"skipped), {len(done)} already in {out_path}, {len(todo)} to go, backend {backend}",

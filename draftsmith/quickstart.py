@@ -30,18 +30,24 @@ from pathlib import Path
 PRESET = "eagle3_smollm2"
 DEFAULT_BUDGET = 45.0  # minutes, everything after set-up
 PASSES = 3.0  # planned passes over the data: the measured hour ran 2.9 (held-out curve flat at its end)
-TOKENS_PER_TURN = 283  # rendered tokens per ShareGPT first turn asked (the shipped pool: 1.13M for 4,000 turns)
+# rendered tokens per ShareGPT first turn asked, held-out ones included (the shipped pool: 1.13M for 4,000 turns;
+# measured 530k for 1,873 on the first budgeted run)
+TOKENS_PER_TURN = 283
 POOL_TURNS = 4000  # first turns the shipped pool answers (more are regenerated: ~256 new tok/s here)
 MIN_TURNS = 600  # fewer answers than this trained no head worth serving in the data-size A/Bs
 MIN_TRAIN_MINUTES = 5.0
+SERVE_SHARE = 0.2  # of the budget, at most, for serving: fewer prompts (not below MIN_PROMPTS) on a slow machine
+MIN_PROMPTS = 16
 MARGIN = 0.05  # share of the budget held back for what the probe cannot see (a busy neighbour, disk)
-# what the probe does not time, measured on the 2-core EPYC (bench/results/2026-11-28/quickstart/): seconds
-DATA_S = 60.0  # read ShareGPT, take the shipped answers, render with the chat template, draft vocab
-TRAIN_OVERHEAD_S = 60.0  # load the target ends and features, the final held-out eval, the last checkpoint
+# what the probe does not time, measured on the first budgeted run (2-core EPYC,
+# bench/results/2026-11-28/quickstart_avx512_first/): seconds
+DATA_S = 20.0  # read ShareGPT, take the shipped answers, render with the chat template, draft vocab (6 s there)
+TRAIN_OVERHEAD_S = 30.0  # start the child, load the target ends, the final held-out eval and checkpoint (12 s there)
 EXPORT_S = 15.0
-ENGINE_START_S = 25.0  # one vLLM engine per method and workload (enforce_eager)
-EXTRACT_PER_PROBE = 0.85  # extraction tok/s over the probe's forward tok/s (shard writing, padding, tokenising)
-SERVE_PER_FORWARD = 0.09  # served tok/s at batch 8, 128 tokens per prompt, over the probe's forward tok/s
+ENGINE_START_S = 20.0  # per method and workload: import vLLM, start an engine (enforce_eager), warm up (~20 s there)
+# extraction tok/s over the probe's: 966 against 836 there (real samples are shorter than the probe's 512 tokens)
+EXTRACT_PER_PROBE = 1.1
+SERVE_PER_FORWARD = 0.1  # served tok/s at batch 8, 128 tokens a prompt, over the probe's: 70-96 against 836 there
 SERVE_METHODS = ("none", "ngram", "suffix")
 
 
@@ -111,6 +117,11 @@ def make_plan(
     tok/s, N tokens take N/e + PASSES*N/t seconds, so the data grows with the budget and the clock follows it; past
     the shipped pool's 4,000 turns the rest goes to training minutes."""
     workloads = ["chat", "mtbench"] + (["code"] if full else [])
+    if not full:  # a slow machine serves fewer prompts rather than train less: serving gets at most SERVE_SHARE
+        per_prompt = len(workloads) * (len(SERVE_METHODS) + 1) * max_tokens / rates.serve_tok_s
+        starts = len(workloads) * (len(SERVE_METHODS) + 1) * ENGINE_START_S
+        fits = int((budget_min * 60 * SERVE_SHARE - starts) / per_prompt)
+        num_prompts = max(min(num_prompts, MIN_PROMPTS), min(num_prompts, fits))
     serve = serve_seconds(rates, workloads, num_prompts, max_tokens)
     if full:  # the preset as measured: its data (all sets) and its 60 minutes, whatever they take here
         tokens = 2_150_000
@@ -127,11 +138,17 @@ def make_plan(
     per_token = 1 / rates.extract_tok_s + PASSES / rates.train_tok_s
     turns = int(max(0.0, left) / per_token / TOKENS_PER_TURN)
     turns = min(POOL_TURNS, turns)
-    extract = (turns + 128) * TOKENS_PER_TURN / rates.extract_tok_s  # + the 128 held-out samples
+    extract = turns * TOKENS_PER_TURN / rates.extract_tok_s
     train_min = (left - extract) / 60
     if turns < MIN_TURNS or train_min < MIN_TRAIN_MINUTES:
-        need = spent_s + fixed + MIN_TURNS * TOKENS_PER_TURN * per_token + 128 * TOKENS_PER_TURN / rates.extract_tok_s
-        need = max(need, spent_s + fixed + extract + MIN_TRAIN_MINUTES * 60)
+        need = (
+            spent_s
+            + fixed
+            + max(
+                MIN_TURNS * TOKENS_PER_TURN * per_token,
+                MIN_TURNS * TOKENS_PER_TURN / rates.extract_tok_s + MIN_TRAIN_MINUTES * 60,
+            )
+        )
         smallest = math.ceil(need / 60 / (1 - MARGIN))
         raise BudgetTooSmall(
             f"--budget {budget_min:g}: too small to train a useful head on this machine (it would answer "

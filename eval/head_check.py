@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
-from draftsmith.train.checkpoint import CheckpointError, check_head_fits_target
+from draftsmith.train.checkpoint import CheckpointError, check_head_fits_target, nonfinite
 from draftsmith.train.heads import families
 
 MODEL_FIELDS = (
@@ -176,6 +176,19 @@ def check_verifier(recorded: str, target: str, where, what: str = "exported") ->
     )
 
 
+def check_finite(head_dir: Path) -> None:
+    """Refuse an exported head whose weights hold NaN or inf (bytes changed on disk after export), before serving."""
+    from safetensors.torch import load_file
+
+    for path in sorted(head_dir.glob("*.safetensors")):
+        bad = nonfinite(load_file(path))
+        if bad:
+            raise CheckpointError(
+                f"head {head_dir}: {path.name} holds NaN or inf in {', '.join(bad[:4])} (corrupt bytes?); "
+                "export it again from its training checkpoint"
+            )
+
+
 def check_head_for_target(head: str | os.PathLike, target: str, target_config=None) -> None:
     """Refuse a head (an exported dir, or a checkpoint / run dir) made for another target than `target`:
     hidden or vocab size, aux layer ids beyond its layers, or a recorded verifier that is another model."""
@@ -192,6 +205,7 @@ def check_head_for_target(head: str | os.PathLike, target: str, target_config=No
     if (head / "config.json").is_file():
         config, what = exported_head_config(head), "exported"
         family = exported_family(head)
+        check_finite(head)
     else:  # head.json alone: the tensors are not needed to tell which target it was trained for
         from draftsmith.train.checkpoint import resolve_checkpoint
 

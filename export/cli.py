@@ -16,6 +16,7 @@ import sys
 
 from draftsmith.export.destination import check_export_destination
 from draftsmith.export.vllm import ExportError
+from draftsmith.lock import acquire_beside
 from draftsmith.train.checkpoint import load_head, resolve_checkpoint, training_data
 from draftsmith.train.heads import families
 
@@ -86,6 +87,7 @@ def export(args) -> int:
             verifier = os.path.abspath(verifier)
         target_config = _target_config(verifier)
     options = {k: getattr(args, k) for k in family.export_options}  # EAGLE-3: --dialect, --k
+    acquire_beside(args.out, f"exporting {ckpt} into {args.out}")  # one export into OUT at a time
     try:
         out = family.exporter(
             state,

@@ -31,6 +31,8 @@ def test_wheel_ships_the_configs_and_trains_from_any_directory(tmp_path):
         "draftsmith/conf/conf/eagle3_smollm2.yaml",
         "draftsmith/conf/head/eagle3.yaml",
         "draftsmith/train/run.py",
+        "draftsmith/data/regen/pools.json",  # the embedded default's regenerated answers (draftsmith/shipped.py)
+        "draftsmith/data/regen/regen-smollm2-sharegpt.jsonl.xz",
     } <= names
 
     # a fresh venv that sees this environment's packages (torch, transformers, hydra) but not the editable checkout

@@ -122,7 +122,7 @@ def test_max_disk_too_small_for_one_shard_fails_and_writes_nothing(tiny_target_d
     )
     smallest = re.search(r"the smallest --max-disk that lets extraction start is (\S+);", err).group(1)
     assert need > 16 * 1024 and re.search(r"bytes/token x [\d,]+ tokens", err)
-    assert not list(out.glob("shard-*")) and load_manifest(out)["covered_samples"] == 0
+    assert not out.exists()  # a directory this run made is removed again: no manifest, parts/ or stats left
 
     # the suggested budget does start it: at least one sample, within the budget, stopped part way (exit 0)
     assert main(["extract", "--out", str(out), "--max-disk", smallest, *args]) == 0

@@ -111,6 +111,10 @@ def test_train_checkpoint_resume_is_exact_and_exports(tiny_target_dir, data_file
     flipped = tmp_path / "flipped" / "checkpoints" / ckpts[0].name
     shutil.copytree(ckpts[0], flipped)
     (flipped / "head.json").write_text(json.dumps({**meta, "fast_bf16": not meta["fast_bf16"]}))
+    from draftsmith.train.checkpoint import CHECKSUMS, file_sha256
+
+    sums = json.loads((flipped / CHECKSUMS).read_text())  # as if saved so: its record of head.json follows
+    (flipped / CHECKSUMS).write_text(json.dumps({**sums, "head.json": file_sha256(flipped / "head.json")}))
     proc = run_train(tiny_target_dir, data_file, flipped.parent.parent, "resume=auto", "optim.max_steps=5")
     assert f"autocast {'no' if meta['fast_bf16'] else 'bf16'}\n" in proc.stdout
     saved = (flipped.parent.parent / "config.yaml").read_text()

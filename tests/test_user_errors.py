@@ -152,7 +152,8 @@ def test_bad_configs_and_arguments_reach_the_user_as_one_message(tmp_path, smoll
             ["target.name_or_path=meta-llama/Llama-3.1-8B-Instruct", "set target.name_or_path"],
             2,
         ),
-        (train + ["head.tt_steps=3"], ["tt_steps"], 1),  # Hydra's own compose error: short, no stack
+        (train + ["head.tt_steps=3"], ["head.tt_steps: no such config key (did you mean head.ttt_steps"], 2),
+        (train + ["conf=nosuch"], ["conf=nosuch: no such preset"], 2),
         (ds + ["export", str(tmp_path), str(tmp_path / "out")], [str(tmp_path)], 1),
         (
             ds
@@ -210,7 +211,12 @@ def loss_steps(run: Path) -> list[int]:
 
 
 def snapshot(run: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    """Every file of a run dir and its bytes (not the lock file, which names whichever process held it last)."""
+    return {
+        str(p.relative_to(run)): p.read_bytes()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name != ".draftsmith.lock"
+    }
 
 
 def test_a_fresh_run_never_mixes_with_an_earlier_one(tiny_target_dir, data_file, tmp_path):
@@ -278,8 +284,9 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tiny_target_dir, data_fi
     assert loss_steps(run) == list(range(1, stopped + 3))  # each step once: the Ctrl-C step is not redone
 
 
-def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path):
-    """A real failed write (the file-size limit makes write() fail with EFBIG, as ENOSPC would)."""
+def test_a_size_limit_during_a_checkpoint_keeps_the_previous_one(tmp_path):
+    """A real failed write (the file-size limit makes write() fail with EFBIG): named as a size limit, not as a full
+    disk, for the weights (safetensors) and for trainer.pt (torch's writer, which drops the errno)."""
     run = tmp_path / "run"
     script = textwrap.dedent(f"""
         import resource, signal, sys, torch
@@ -289,16 +296,22 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path):
         save_checkpoint(run, 1, {{"w": torch.zeros(8)}}, {{"family": "eagle3", "step": 1}}, {{"step": 1}}, keep=2)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing us
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-        big = {{"w": torch.zeros(1 << 20)}}  # 4 MiB of weights: past the 1 MiB limit
-        sys.exit(handle_errors("train", lambda: save_checkpoint(run, 2, big, {{"step": 2}}, {{"step": 2}}, keep=2)))
+        big = {{"w": torch.zeros(1 << 20)}}  # 4 MiB: past the 1 MiB limit
+        small = {{"w": torch.zeros(8)}}
+        weights, trainer = (big, {{"step": 2}}) if sys.argv[1] == "weights" else (small, {{"s": torch.zeros(1 << 20)}})
+        sys.exit(handle_errors("train", lambda: save_checkpoint(run, 2, weights, {{"step": 2}}, trainer, keep=2)))
     """)
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=ENV)
-    assert p.returncode == 1, p.stderr[-3000:]
-    assert "Traceback" not in p.stderr
-    assert f"train: error: no room to write checkpoint {run}/checkpoints/step_00000002" in p.stderr
-    assert f"the previous checkpoint {run}/checkpoints/step_00000001 is intact" in p.stderr
-    assert "resume=auto" in p.stderr
-    assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step_00000001"]  # no half-written dir left
+    for which in ("weights", "trainer"):
+        p = subprocess.run([sys.executable, "-c", script, which], capture_output=True, text=True, timeout=120, env=ENV)
+        assert p.returncode == 1, p.stderr[-3000:]
+        assert "Traceback" not in p.stderr and "enforce fail" not in p.stderr
+        assert (
+            f"train: error: could not write checkpoint {run}/checkpoints/step_00000002: the file is larger" in p.stderr
+        )
+        assert "(EFBIG)" in p.stderr and "free there" not in p.stderr  # not a full disk
+        assert f"the previous one, {run}/checkpoints/step_00000001, is intact" in p.stderr
+        assert "resume=auto" in p.stderr
+        assert sorted(x.name for x in (run / "checkpoints").iterdir()) == ["step_00000001"]  # no half-written dir
 
 
 def test_resume_drops_metrics_lines_past_the_checkpoint(tmp_path):
@@ -308,20 +321,6 @@ def test_resume_drops_metrics_lines_past_the_checkpoint(tmp_path):
     assert trim_metrics(log, 5) == 4  # steps 6, 7, the step-6 eval and the torn line
     assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2, 3, 4, 5]
     assert trim_metrics(log, 5) == 0
-
-
-def test_quickstart_banner_follows_the_overrides():
-    from draftsmith.quickstart import training_plan
-
-    assert training_plan(["conf=eagle3_smollm2"]).startswith("the target re-answers the first turns of 4,000 sharegpt")
-    text = training_plan(["conf=eagle3_smollm2", "data.num_conversations=300", "optim.max_minutes=12"])
-    assert "300 sharegpt conversations" in text and "12 minutes" in text
-    text = training_plan(
-        ["conf=eagle3_smollm2", "data.also=[regen:pycode:stdlib,{path:'regen:pycode:stdlib',regen_temperature:0.7}]"]
-    )
-    assert "; plus regen:pycode:stdlib, regen:pycode:stdlib at T=0.7 (data.also)" in text
-    with pytest.raises(ConfigError, match="data.num_conversations=0"):
-        training_plan(["conf=eagle3_smollm2", "data.num_conversations=0"])
 
 
 def test_committed_results_hold_no_machine_paths():

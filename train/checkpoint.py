@@ -1,11 +1,14 @@
 """Atomic, resumable checkpoints: head weights + config, optimizer, scheduler, data position, RNG.
 
-Layout: <run>/checkpoints/step_00000123/{head.safetensors, head.json, trainer.pt}. Each is written
-into a temporary directory and renamed into place, so a crash mid-write leaves the previous one.
+Layout: <run>/checkpoints/step_00000123/{head.safetensors, head.json, trainer.pt, sha256.json}. Each is written
+into a temporary directory and renamed into place, so a crash mid-write leaves the previous one. sha256.json records
+each file's sha256; every read (resume, export, eval) checks it, and the head's weights must be finite, so bytes
+changed on disk are refused naming the checkpoint instead of training or serving NaN.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -18,11 +21,52 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.atomic import atomic_dir, atomic_write
-from draftsmith.errors import ConfigError, DiskFullError, DraftsmithError, free_space, is_disk_full
+from draftsmith.errors import ConfigError, DraftsmithError, FilesystemError, fs_errno, fs_message
 
 
 class CheckpointError(DraftsmithError, ValueError):
     """A checkpoint that cannot be used here: unreadable (truncated, corrupt) or made for another target/head."""
+
+
+CHECKSUMS = "sha256.json"
+CHECKED_FILES = ("head.safetensors", "head.json", "trainer.pt")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_file(path: Path) -> None:
+    """Refuse a checkpoint file whose bytes differ from the sha256 recorded when it was saved (a checkpoint written
+    before checksums has none to check)."""
+    record = path.parent / CHECKSUMS
+    if not record.is_file():
+        return
+    try:
+        want = json.loads(record.read_text()).get(path.name)
+    except (OSError, ValueError) as e:
+        raise _unreadable(record, e) from None
+    if want and file_sha256(path) != want:
+        raise _unreadable(path, ValueError("its sha256 differs from the one recorded when it was saved"))
+
+
+def verify_checkpoint(ckpt: str | os.PathLike) -> Path:
+    """Check a checkpoint before a run resumes from it (its files' sha256, finite weights); returns its directory."""
+    ckpt = resolve_checkpoint(ckpt)
+    for name in CHECKED_FILES:
+        if (ckpt / name).is_file():
+            verify_file(ckpt / name)
+    load_head(ckpt)  # readable, finite
+    return ckpt
+
+
+def nonfinite(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating tensors holding NaN or inf."""
+    return [k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
 
 
 def rng_state() -> dict:
@@ -73,40 +117,49 @@ def _no_checkpoint(path: Path) -> str:
     )
 
 
-def prepare_run_dir(run_dir: Path, resume: str | None, overwrite: bool, main_process: bool, log=print) -> str | None:
-    """Check `run_dir` before a run writes into it; returns the `resume` to use.
+def check_run_dir(run_dir: Path, resume: str | None, overwrite: bool) -> tuple[str | None, str | None]:
+    """Check `run_dir` before a run writes into it, writing nothing; returns (the `resume` to use, what must be
+    cleared before the run writes: None, "metrics" or "run").
 
     A fresh run into a directory holding an earlier run's checkpoints or metrics would append to its
     metrics.jsonl, prune its own new checkpoints in favour of the old run's higher step numbers and leave an
-    export shipping the old head: refused, unless `overwrite` (which deletes them). `resume=auto` with no
-    checkpoint yet (a run killed before its first save) starts from step 0 and drops the unsaved steps' metrics.
+    export shipping the old head: refused, unless `overwrite` (which clears them, but only once the run's data,
+    target and features are known good: `clear_run_dir`). `resume=auto` with no checkpoint yet (a run killed before
+    its first save) starts from step 0 and drops the unsaved steps' metrics.
     """
     found = checkpoints(run_dir)
     metrics = run_dir / "metrics.jsonl"
     if resume == "auto" and not found:
-        if metrics.exists():
-            log(f"resume=auto: {run_dir} has no checkpoint yet; starting from step 0 (its unsaved metrics dropped)")
-            if main_process:
-                metrics.unlink()
-        return None
+        return None, "metrics" if metrics.exists() else None
     if resume is not None or not (found or metrics.exists()):
-        return resume
-    what = (
-        (f"{len(found)} checkpoint(s) up to {found[-1].name}" if found else "no checkpoint")
-        + " and "
-        + ("a metrics.jsonl" if metrics.exists() else "no metrics.jsonl")
-    )
+        return resume, None
     if not overwrite:
         raise ConfigError(
-            f"output_dir {run_dir} already holds a run ({what}). Continue it with resume=auto, "
+            f"output_dir {run_dir} already holds a run ({_what(run_dir)}). Continue it with resume=auto, "
             f"start over with overwrite=true (deletes its checkpoints and metrics), or train into "
             f"another directory (run_name=NAME or output_dir=DIR)."
         )
-    log(f"overwrite=true: deleting the earlier run in {run_dir} ({what})")
-    if main_process:
+    return None, "run"
+
+
+def _what(run_dir: Path) -> str:
+    found = checkpoints(run_dir)
+    return (
+        (f"{len(found)} checkpoint(s) up to {found[-1].name}" if found else "no checkpoint")
+        + " and "
+        + ("a metrics.jsonl" if (run_dir / "metrics.jsonl").exists() else "no metrics.jsonl")
+    )
+
+
+def clear_run_dir(run_dir: Path, clear: str | None, log=print) -> None:
+    """Clear what `check_run_dir` said must go, under the run's lock, just before the run writes."""
+    if clear == "metrics":
+        log(f"resume=auto: {run_dir} has no checkpoint yet; starting from step 0 (its unsaved metrics dropped)")
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    elif clear == "run":
+        log(f"overwrite=true: deleting the earlier run in {run_dir} ({_what(run_dir)})")
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-        metrics.unlink(missing_ok=True)
-    return None
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
 
 def trim_metrics(path: Path, step: int) -> int:
@@ -140,15 +193,18 @@ def save_checkpoint(run_dir, step: int, head_state: dict, head_meta: dict, train
             save_file({k: v.detach().cpu().contiguous() for k, v in head_state.items()}, tmp / "head.safetensors")
             (tmp / "head.json").write_text(json.dumps(head_meta, indent=2) + "\n")
             torch.save(trainer_state, tmp / "trainer.pt")
+            sums = {name: file_sha256(tmp / name) for name in CHECKED_FILES}
+            (tmp / CHECKSUMS).write_text(json.dumps(sums, indent=1) + "\n")
     except Exception as e:  # safetensors and torch wrap the OSError in their own types
-        if not is_disk_full(e):
+        code = fs_errno(e)
+        if code is None:
             raise
         kept = checkpoints(run_dir)
-        raise DiskFullError(
-            f"no room to write checkpoint {final} ({free_space(final)} free): "
-            f"{str(e).splitlines()[0][:200]}. Nothing of it was kept; "
-            + (f"the previous checkpoint {kept[-1]} is intact. " if kept else "")
-            + "Free space there and continue with resume=auto."
+        raise FilesystemError(
+            fs_message(code, final, "write checkpoint")
+            + " Nothing of this checkpoint was kept"
+            + (f"; the previous one, {kept[-1]}, is intact" if kept else "")
+            + ": continue with resume=auto."
         ) from None
     for old in checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old)
@@ -164,18 +220,25 @@ def _unreadable(path: Path, e: Exception) -> CheckpointError:
 def load_head(ckpt: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     """(head.json meta, tensors) from a checkpoint or run dir."""
     ckpt = resolve_checkpoint(ckpt)
+    verify_file(ckpt / "head.json")
     try:
         meta = json.loads((ckpt / "head.json").read_text())
     except (OSError, ValueError) as e:
         raise _unreadable(ckpt / "head.json", e) from None
+    verify_file(ckpt / "head.safetensors")
     try:
-        return meta, load_file(ckpt / "head.safetensors")
+        tensors = load_file(ckpt / "head.safetensors")
     except Exception as e:  # safetensors raises its own error type for a bad header or short file
         raise _unreadable(ckpt / "head.safetensors", e) from None
+    bad = nonfinite(tensors)
+    if bad:
+        raise _unreadable(ckpt / "head.safetensors", ValueError(f"NaN or inf in {', '.join(bad[:4])}"))
+    return meta, tensors
 
 
 def load_trainer_state(ckpt: str | os.PathLike) -> dict:
     path = resolve_checkpoint(ckpt) / "trainer.pt"
+    verify_file(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # zip/pickle errors of a truncated file

@@ -160,7 +160,7 @@ class Config:
     keep_checkpoints: int = 2
     eval_batches: int = 8
     mixed_precision: str = "auto"  # auto | no | bf16
-    # are bf16 kernels faster here? null: a timed probe decides at start-up (README "Precision"); the answer is
+    # are bf16 kernels faster here? null: a timed probe decides at start-up (docs/data.md "Precision"); the answer is
     # recorded in every checkpoint, and a resumed run takes it from there (exact resume whatever a re-probe says).
     # It sets mixed_precision=auto, target.dtype=auto and Muon's Newton-Schulz dtype; true/false overrides the probe
     fast_bf16: Optional[bool] = None
@@ -257,8 +257,8 @@ def config_problems(cfg) -> list[str]:
     need("optim.min_lr_ratio", lambda v: 0 <= v <= 1, "the cosine's floor as a share of the peak lr, in [0, 1]")
     need("optim.grad_clip", lambda v: v > 0, "the gradient-norm clip must be > 0 (0 would zero every update)")
     need("optim.epochs", optional_min(1), "passes over the data, >= 1, or null for no epoch cap (clock/tokens/steps)")
-    if get("optim.epochs") is None and not any(
-        get(k) for k in ("optim.max_steps", "optim.max_tokens", "optim.max_minutes")
+    if get("optim.epochs") is None and all(
+        get(k) is None for k in ("optim.max_steps", "optim.max_tokens", "optim.max_minutes")
     ):
         problems.append(
             "optim.epochs=null: with no optim.max_minutes, optim.max_tokens or optim.max_steps, nothing would end "

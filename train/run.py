@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,8 +54,9 @@ def run(cfg: DictConfig) -> dict:
     import torch
     from accelerate import Accelerator, PartialState
 
-    from draftsmith.train.build import build_head, build_run, build_target, pin_fast_bf16, probe_fast_bf16
-    from draftsmith.train.checkpoint import prepare_run_dir, recorded_fast_bf16
+    from draftsmith.lock import acquire_dir
+    from draftsmith.train.build import build_head, build_run, pin_fast_bf16, probe_fast_bf16
+    from draftsmith.train.checkpoint import check_run_dir, clear_run_dir, recorded_fast_bf16, verify_checkpoint
     from draftsmith.train.config import validate_config
     from draftsmith.train.loop import print0, train
 
@@ -91,53 +94,39 @@ def run(cfg: DictConfig) -> dict:
     log(f"precision: bf16 kernels {speed} here ({source}); autocast {accelerator.mixed_precision}")
     if recorded is not None and recorded[0] != fast:
         log(f"warning: fast_bf16={fast} differs from {recorded[0]} recorded in {recorded[1]}: not an exact resume")
-    # before anything is written: a fresh run never mixes with (or prunes) an earlier run's checkpoints
-    resume = prepare_run_dir(run_dir, cfg.resume, cfg.overwrite, accelerator.is_main_process, log=log)
+    main_proc = accelerator.is_main_process
+    # nothing is written or deleted before the data, target and features are known good: a refused run leaves no
+    # trace, and overwrite=true deletes the earlier run only then
+    resume, clear = check_run_dir(run_dir, cfg.resume, cfg.overwrite)
+    if resume:  # a corrupt checkpoint is refused here, naming it, before anything is written
+        verify_checkpoint(run_dir if resume == "auto" else resume)
+    if main_proc and run_dir.is_dir():  # an earlier run's directory: no second process may touch it from here on
+        acquire_dir(run_dir, f"training into {run_dir}")
     if resume != cfg.resume:
         with open_dict(cfg):
             cfg.resume = resume
-
-    def save_config() -> None:
-        if accelerator.is_main_process:
-            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-
-    if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(sys.argv)}\n")
-    save_config()
     # features from disk or from a producer process: the target's decoder layers stay off this rank (init=target
     # copies its last layer)
     ends_only = cfg.data.features in ("offline", "stream") and cfg.head.init != "target"
-    stats_dir = run_dir if accelerator.is_main_process else None
-    t0 = time.time()
-    target, tokenizer, data, vocab = build_run(cfg, accelerator.device, stats_dir, log=log, ends_only=ends_only)
-    prepared = {"data_s": round(time.time() - t0, 1), "features_s": 0.0}  # this invocation's, before the clock
-    if cfg.data.features == "offline":
-        from draftsmith.train.features.shards import HELDOUT_DIR
-        from draftsmith.train.features.sources import ensure_offline_features, features_complete
-
-        if not cfg.data.get("features_dir"):
-
-            def load_whole():  # only when something is left to extract
-                log("features: loading the whole target to extract them")
-                return build_target(cfg.target, accelerator.device)[0]
-
-            with open_dict(cfg):
-                cfg.data.features_dir = ensure_offline_features(
-                    cfg, target, tokenizer, data, vocab, accelerator, log=log, load_whole=load_whole
-                )
-            save_config()  # with the directory the run resolved
-        held = Path(cfg.data.features_dir) / HELDOUT_DIR
-        if ends_only and data.heldout and not features_complete(held, data.heldout):
-            log(
-                f"features: {held} does not hold this run's held-out features (extracted before they were stored?): "
-                f"loading the whole target for held-out eval; `draftsmith extract --out {cfg.data.features_dir} "
-                f"<the same overrides>` adds them"
-            )
-            target = build_target(cfg.target, accelerator.device)[0]
-    prepared["features_s"] = round(time.time() - t0 - prepared["data_s"], 1)
-    if accelerator.is_main_process:  # the quickstart splits its stage times with it
-        (run_dir / "prepare_seconds.json").write_text(json.dumps(prepared) + "\n")
+    staging = Path(tempfile.mkdtemp(prefix="draftsmith-run-")) if main_proc else None  # data_stats, held-out prompts
+    try:
+        t0 = time.time()
+        target, tokenizer, data, vocab = build_run(cfg, accelerator.device, staging, log=log, ends_only=ends_only)
+        prepared = {"data_s": round(time.time() - t0, 1)}  # this invocation's, before the clock
+        target = ensure_features(cfg, target, tokenizer, data, vocab, accelerator, ends_only, log)
+        prepared["features_s"] = round(time.time() - t0 - prepared["data_s"], 1)
+        if main_proc:
+            acquire_dir(run_dir, f"training into {run_dir}")
+            clear_run_dir(run_dir, clear, log)
+            for f in staging.iterdir():
+                shutil.move(f, run_dir / f.name)
+            (run_dir / "provenance.txt").write_text(f"git {git_sha()}\ncommand {' '.join(sys.argv)}\n")
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            (run_dir / "prepare_seconds.json").write_text(json.dumps(prepared) + "\n")  # the quickstart's stage split
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    accelerator.wait_for_everyone()  # no rank writes into the run dir before the main process has cleared it
     head = build_head(cfg.head, target, vocab)
     head.config.target["name_or_path"] = tokenizer.name_or_path  # the target's resolved local dir or hub id
     tracker = None
@@ -157,12 +146,54 @@ def run(cfg: DictConfig) -> dict:
     return result
 
 
-def cli(argv: list[str]) -> int:
-    """`draftsmith train KEY=VALUE ...`: the same run as `python train/run.py KEY=VALUE ...`."""
-    sys.argv = ["draftsmith train", *argv]  # Hydra reads its overrides from sys.argv
+def ensure_features(cfg, target, tokenizer, data, vocab, accelerator, ends_only: bool, log):
+    """data.features=offline: the run's features extracted once into the cache (or the given features_dir); returns
+    the target to train against (the whole one when the held-out features are missing)."""
+    if cfg.data.features != "offline":
+        return target
+    from draftsmith.train.build import build_target
+    from draftsmith.train.features.shards import HELDOUT_DIR
+    from draftsmith.train.features.sources import ensure_offline_features, features_complete
+
+    if not cfg.data.get("features_dir"):
+
+        def load_whole():  # only when something is left to extract
+            log("features: loading the whole target to extract them")
+            return build_target(cfg.target, accelerator.device)[0]
+
+        with open_dict(cfg):
+            cfg.data.features_dir = ensure_offline_features(
+                cfg, target, tokenizer, data, vocab, accelerator, log=log, load_whole=load_whole
+            )
+    held = Path(cfg.data.features_dir) / HELDOUT_DIR
+    if ends_only and data.heldout and not features_complete(held, data.heldout):
+        log(
+            f"features: {held} does not hold this run's held-out features (extracted before they were stored?): "
+            f"loading the whole target for held-out eval; `draftsmith extract --out {cfg.data.features_dir} "
+            f"<the same overrides>` adds them"
+        )
+        target = build_target(cfg.target, accelerator.device)[0]
+    return target
+
+
+def cli(argv: list[str], prog: str = "draftsmith train") -> int:
+    """`draftsmith train KEY=VALUE ...`: the same run as `python train/run.py KEY=VALUE ...`.
+
+    Our own --help (presets, groups, the keys set most, from the schema) and our own check of the overrides (a
+    mistyped key or a missing preset: one paragraph naming the closest, exit 2) come before Hydra's."""
+    from draftsmith.errors import handle_errors
+    from draftsmith.train.usage import check_overrides, usage
+
+    if "-h" in argv or "--help" in argv:
+        print(usage())
+        return 0
+    code = handle_errors("train", lambda: check_overrides(argv))
+    if code:
+        return code
+    sys.argv = [prog, *argv]  # Hydra reads its overrides from sys.argv
     main()
     return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli(sys.argv[1:], sys.argv[0]))

@@ -23,6 +23,8 @@ import textwrap
 from pathlib import Path
 from typing import Iterator
 
+from tqdm.auto import tqdm
+
 from draftsmith.errors import DataError
 
 ASK = "Complete the following Python function. Reply with the full function in a code block.\n\n```python\n{}```"
@@ -87,7 +89,8 @@ def code_prompts(root_name: str, root: Path) -> list[tuple[str, str]]:
         raise DataError(f"pycode:{root_name}: {root} is not a directory")
     rng = random.Random(SEED)
     picked = []
-    for path in sorted(root.rglob("*.py")):
+    files = sorted(root.rglob("*.py"))  # site-packages: tens of thousands, ~4 min of parsing on 2 cores
+    for path in tqdm(files, desc=f"pycode:{root_name}: read", unit="file", mininterval=2, disable=len(files) < 500):
         if SKIP_DIRS & set(path.relative_to(root).parts[:-1]) or path.name.startswith("test_"):
             continue
         found = list(functions(path, root, root_name))

@@ -177,7 +177,7 @@ def regenerate(
 
     With vLLM, one engine with `threads` OpenMP threads (None: every core) answers `batch_size` prompts per call:
     on 2 cores, 2 threads ran 1.71x one thread, and two one-thread engines side by side no faster than that
-    (bench/regenerate.py, README "Data preparation on every core")."""
+    (bench/regenerate.py, docs/data.md "Data preparation on every core")."""
     from transformers import AutoTokenizer
 
     from draftsmith.assets import resolve_target

@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from tqdm.auto import tqdm
 
 from draftsmith.atomic import atomic_write, atomic_write_json
 from draftsmith.errors import ConfigError
+from draftsmith.lock import acquire_dir
 from draftsmith.train.build import build_run
 from draftsmith.train.config import compose_config, validate_config
 from draftsmith.train.features.shards import (
@@ -254,8 +256,9 @@ def extract(
     root = Path(out)
     budget = parse_size(max_disk) if max_disk else None
     shard_bytes = parse_size(shard_size)
-    if main:
-        root.mkdir(parents=True, exist_ok=True)
+    fresh = not root.exists()  # made by this call: removed again if not one sample fits the disk budget
+    if main:  # one process per features directory (another run extracting the same data is refused, named)
+        acquire_dir(root, f"extracting features into {root}")
     with state.main_process_first():  # rank 0 renders/caches the data, the others then read the cache
         target, tokenizer, data, vocab = inputs or build_run(
             cfg, device, root if main else None, log=log if main else (lambda *a: None)
@@ -381,19 +384,20 @@ def extract(
         dist.all_reduce(needs, op=dist.ReduceOp.MAX)
         totals, needs = totals.cpu(), needs.cpu()
     if final["stopped"] and int(totals[1]) == 0:  # every rank raises alike: none is left waiting
-        # measured now: the manifest keeps this run's notes, so the next run starts from about this size
-        raise ConfigError(
-            budget_too_small(
-                max_disk,
-                root,
-                dir_bytes(root),
-                int(needs[0]),
-                world,
-                int(totals[2]),
-                per_token,
-                final["fingerprint"]["data"]["num_samples"],
-            )
+        message = budget_too_small(
+            max_disk,
+            root,
+            dir_bytes(root),
+            int(needs[0]),
+            world,
+            int(totals[2]),
+            per_token,
+            final["fingerprint"]["data"]["num_samples"],
         )
+        state.wait_for_everyone()
+        if main and fresh:  # nothing was extracted: leave no manifest, parts/ or stats behind
+            shutil.rmtree(root, ignore_errors=True)
+        raise ConfigError(message)
     summary = {
         "dir": str(root),
         "new_tokens": int(totals[0]),

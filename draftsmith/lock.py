@@ -1,0 +1,80 @@
+"""One process at a time per directory: an advisory lock for run, feature and export directories.
+
+The lock is `fcntl.flock` on a small file that names its holder (pid, host, command, start time). The kernel drops
+it when the holder exits however it exits (Ctrl-C, a crash, kill -9), so a lock file left behind is never stale: the
+next process takes it over. A second process on the same directory is refused with the holder named. The file is
+created only when the process is about to write there, so a refused run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from draftsmith.errors import ConfigError
+
+LOCK_NAME = ".draftsmith.lock"
+_held: dict[str, int] = {}  # lock path -> fd, kept open for the life of the process
+
+
+def acquire(lock_path: str | os.PathLike, what: str) -> Path:
+    """Take the lock at `lock_path` for `what` (e.g. "training into outputs/x"), or raise ConfigError naming the
+    process that holds it. Idempotent within one process."""
+    path = Path(lock_path).absolute()
+    if str(path) in _held:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read(fd)
+        os.close(fd)
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+        what, pid, host = holder.get("what", "another draftsmith process"), holder.get("pid", "?"), holder.get("host")
+        raise ConfigError(
+            f"{path.parent} is in use: {what} (pid {pid} on {host or '?'}, since {since}: "
+            f"{holder.get('command', '?')}). Wait for it to finish, stop it, or use another directory; two processes "
+            f"writing one directory would interleave their files."
+        ) from None
+    info = {
+        "what": what,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.time(),
+        "command": " ".join(sys.argv)[:300],
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    _held[str(path)] = fd
+    return path
+
+
+def acquire_dir(directory: str | os.PathLike, what: str) -> Path:
+    """The lock of a run or features directory: a file inside it."""
+    return acquire(Path(directory) / LOCK_NAME, what)
+
+
+def acquire_beside(target: str | os.PathLike, what: str) -> Path:
+    """The lock of a directory that is replaced as a whole (an export): a hidden file beside it."""
+    target = Path(target).absolute()
+    return acquire(target.parent / f".{target.name}{LOCK_NAME}", what)
+
+
+def release_all() -> None:
+    """Drop every lock this process holds (tests; a process exiting drops them anyway)."""
+    for fd in _held.values():
+        os.close(fd)
+    _held.clear()
+
+
+def _read(fd: int) -> dict:
+    try:
+        return json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,109 @@
+"""Shipped regenerated answers (draftsmith/shipped.py): taken only where the target's sha256, the pool's settings, the
+generator and each record's prompt all match; anything else is generated. The package's own pools are intact and
+were made for the target `prepare_smollm2` builds here."""
+
+import hashlib
+import json
+import lzma
+
+import pytest
+
+import draftsmith.shipped as shipped
+import draftsmith.train.data.regenerate as regen_mod
+
+
+def _source(path, n):
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": f"Name a colour, please ({i})."}]})
+            + "\n"
+            for i in range(n)
+        )
+    )
+
+
+@pytest.fixture
+def shipped_pool(tmp_path, monkeypatch, tiny_target_dir):
+    """A shipped pool for the tiny target: answers to q0..q3, q2's prompt different from the source's."""
+    src = tmp_path / "src.jsonl"
+    _source(src, 6)
+    records = [
+        {
+            "id": f"q{i}",
+            "messages": [
+                {"role": "user", "content": f"Name a colour, please ({i})." if i != 2 else "Another question."},
+                {"role": "assistant", "content": f"shipped answer {i}"},
+            ],
+            "answer_tokens": 3,
+            "finish_reason": "stop",
+        }
+        for i in range(4)
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in records).encode()
+    root = tmp_path / "regen"
+    root.mkdir()
+    (root / "pool.jsonl.xz").write_bytes(lzma.compress(text))
+    entry = {
+        "file": "pool.jsonl.xz",
+        "settings": {"source": str(src), "max_tokens": 5, "temperature": 0.0, "seed": 0, "max_prompt_tokens": 1024},
+        "generator": {"backend": "hf"},
+        "target_sha256": shipped.target_fingerprint(tiny_target_dir),
+        "sha256": hashlib.sha256(text).hexdigest(),
+    }
+    (root / "pools.json").write_text(json.dumps({"pools": [entry]}))
+    monkeypatch.setattr(shipped, "ROOT", root)
+    shipped._records.cache_clear()
+    monkeypatch.setattr(regen_mod, "resolve_backend", lambda backend: "hf")  # the HF target: fast, no engine
+    yield src, root, entry
+    shipped._records.cache_clear()
+
+
+def _answers(out):
+    return {r["id"]: r["messages"][-1]["content"] for r in map(json.loads, out.read_text().splitlines())}
+
+
+def test_matching_answers_are_taken_and_the_rest_generated(shipped_pool, tiny_target_dir, tmp_path):
+    src, _, _ = shipped_pool
+    out = tmp_path / "out.jsonl"
+    stats = regen_mod.regenerate(str(tiny_target_dir), str(src), str(out), 6, max_tokens=5)
+    got = _answers(out)
+    assert {i: got[i] for i in ("q0", "q1", "q3")} == {f"q{i}": f"shipped answer {i}" for i in (0, 1, 3)}
+    assert not got["q2"].startswith("shipped")  # its prompt differs: generated here
+    assert stats["generated"] == 3 and set(got) == {f"q{i}" for i in range(6)}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"target_sha256": "0" * 64},  # another checkpoint or conversion
+        {"settings": {"max_tokens": 6}},  # another length cap
+        {"generator": {"backend": "vllm", "vllm": "0.32.0", "dtype": "float32"}},  # not what answers here
+    ],
+    ids=["target", "settings", "generator"],
+)
+def test_any_mismatch_regenerates_everything(shipped_pool, tiny_target_dir, tmp_path, change):
+    src, root, entry = shipped_pool
+    changed = {**entry, **{k: {**entry[k], **v} if isinstance(v, dict) else v for k, v in change.items()}}
+    if "generator" in change:
+        changed["generator"] = change["generator"]
+    (root / "pools.json").write_text(json.dumps({"pools": [changed]}))
+    out = tmp_path / "out.jsonl"
+    stats = regen_mod.regenerate(str(tiny_target_dir), str(src), str(out), 6, max_tokens=5)
+    assert stats["generated"] == 6 and not any(a.startswith("shipped") for a in _answers(out).values())
+
+
+def test_a_damaged_pool_is_refused(shipped_pool, tiny_target_dir, tmp_path):
+    src, root, entry = shipped_pool
+    (root / "pool.jsonl.xz").write_bytes(lzma.compress(b'{"id": "q0", "messages": []}\n'))
+    with pytest.raises(RuntimeError, match="sha256 differs"):
+        regen_mod.regenerate(str(tiny_target_dir), str(src), str(tmp_path / "out.jsonl"), 6, max_tokens=5)
+
+
+def test_the_package_pools_are_intact_and_keyed_to_the_prepared_target(smollm2_dir):
+    pools = shipped.manifest()
+    assert {p["settings"]["source"] for p in pools} == {"sharegpt", "pycode:stdlib", "pycode:site-packages:1200"}
+    for p in pools:
+        records = shipped._records(p["file"])  # checks the sha256
+        assert len(records) == p["records"]
+    # the conversion is deterministic: the target prepared here is the one the pools were made with
+    assert {p["target_sha256"] for p in pools} == {shipped.target_fingerprint(smollm2_dir)}

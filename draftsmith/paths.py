@@ -43,7 +43,9 @@ def make_portable(root: str | os.PathLike, repo: str | os.PathLike = REPO) -> li
 
 def is_prompt_data(path: Path) -> bool:
     """Prompt and workload files hold users' text, which may quote any path: data, not our provenance."""
-    return path.suffix == ".jsonl" and ("prompt" in path.name or "heldout" in path.name or "workloads" in path.parts)
+    return path.suffix == ".jsonl" and (
+        "prompt" in path.name or "heldout" in path.name or "workloads" in path.parts or "prompts" in path.parts
+    )  # bench/results/prompts/: the store of prompt files by hash (bench/store_results.py)
 
 
 def machine_paths(root: str | os.PathLike) -> dict[str, list[str]]:

@@ -31,7 +31,9 @@ def cpu_name() -> str:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return "?"
+    import platform
+
+    return platform.processor() or "unknown"
 
 
 def timed(fn, repeats: int = 3) -> float:

@@ -397,7 +397,12 @@ def train(cfg, head, target, data, accelerator, tracker=None) -> dict:
         disable=not accelerator.is_main_process, dynamic_ncols=True,
     )  # fmt: skip
     s.model.train()
-    done, interrupted, first_step = pos.step >= s.total, False, pos.step
+    ended = (  # a resumed run whose budget is already spent (a re-run of a finished command) takes no extra step
+        pos.step >= s.total
+        or (cfg.optim.max_minutes is not None and pos.elapsed_s >= 60 * cfg.optim.max_minutes)
+        or (cfg.optim.max_tokens is not None and pos.tokens >= cfg.optim.max_tokens)
+    )
+    done, interrupted, first_step = ended, False, pos.step
     with bar, StopOnInterrupt() as stop:  # the bar closes (ends its line) before any error prints
         while not done:
             batches = s.batches(pos.epoch)

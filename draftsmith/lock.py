@@ -66,13 +66,6 @@ def acquire_beside(target: str | os.PathLike, what: str) -> Path:
     return acquire(target.parent / f".{target.name}{LOCK_NAME}", what)
 
 
-def release_all() -> None:
-    """Drop every lock this process holds (tests; a process exiting drops them anyway)."""
-    for fd in _held.values():
-        os.close(fd)
-    _held.clear()
-
-
 def _read(fd: int) -> dict:
     try:
         return json.loads(os.pread(fd, 4096, 0).decode() or "{}")

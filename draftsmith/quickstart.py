@@ -118,9 +118,8 @@ def make_plan(
     the shipped pool's 4,000 turns the rest goes to training minutes."""
     workloads = ["chat", "mtbench"] + (["code"] if full else [])
     if not full:  # a slow machine serves fewer prompts rather than train less: serving gets at most SERVE_SHARE
-        per_prompt = len(workloads) * (len(SERVE_METHODS) + 1) * max_tokens / rates.serve_tok_s
-        starts = len(workloads) * (len(SERVE_METHODS) + 1) * ENGINE_START_S
-        fits = int((budget_min * 60 * SERVE_SHARE - starts) / per_prompt)
+        starts = serve_seconds(rates, workloads, 0, max_tokens)  # engine starts alone
+        fits = int((budget_min * 60 * SERVE_SHARE - starts) / (serve_seconds(rates, workloads, 1, max_tokens) - starts))
         num_prompts = max(min(num_prompts, MIN_PROMPTS), min(num_prompts, fits))
     serve = serve_seconds(rates, workloads, num_prompts, max_tokens)
     if full:  # the preset as measured: its data (all sets) and its 60 minutes, whatever they take here

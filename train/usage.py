@@ -131,12 +131,11 @@ def check_overrides(argv: list[str]) -> None:
             raise ConfigError(
                 f"{a}: the value holds a space; quote it for Hydra inside the shell's quotes: '{key}=\"{value}\"'"
             )
+    names = list(presets())
     for a in overrides:
         key, value = a.split("=", 1)
-        if key == "conf" and value not in presets():
-            raise ConfigError(
-                f"conf={value}: no such preset{_closest(value, list(presets()))}; presets: {', '.join(presets())}"
-            )
+        if key == "conf" and value not in names:
+            raise ConfigError(f"conf={value}: no such preset{_closest(value, names)}; presets: {', '.join(names)}")
     try:
         compose_config(overrides)
     except (HydraException, OmegaConfBaseException) as e:

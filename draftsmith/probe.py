@@ -6,6 +6,7 @@ bench/extract.py report against them. Each probe takes seconds: a warm-up round,
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -21,7 +22,18 @@ def cpu_flags() -> str:
     except (OSError, IndexError):
         return "?"
     wide = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16") if f in flags]
-    return " ".join(wide) or ("avx2" if "avx2" in flags else "none")
+    named = " ".join(wide) or ("avx2" if "avx2" in flags else "none")
+    # what torch's kernels use: lower than the CPU's when ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA cap it (an AVX2
+    # machine emulated on an AVX-512 one), which every figure must then say
+    try:
+        capability = torch.backends.cpu.get_cpu_capability().lower()
+    except (AttributeError, RuntimeError):
+        return named
+    if wide and "avx512" not in capability:
+        named += f"; torch kernels capped at {capability}" + (
+            f", oneDNN at {os.environ['ONEDNN_MAX_CPU_ISA']}" if os.environ.get("ONEDNN_MAX_CPU_ISA") else ""
+        )
+    return named
 
 
 def cpu_name() -> str:

@@ -3,6 +3,7 @@
     draftsmith quickstart                  # 45 minutes after set-up, planned from a probe of this machine
     draftsmith quickstart --budget 90      # more data and training minutes
     draftsmith quickstart --full           # the preset as measured: 4,000 turns + code sets, 60 training minutes
+    draftsmith quickstart --family peagle  # a parallel-drafting (P-EAGLE) head instead: same plan, data and clock
 
 Stages: prepare the target (SmolLM2-135M-Instruct GGUF -> HF dir, once) -> probe this machine (target forward,
 head training step: seconds) -> plan -> the target's own answers to ShareGPT first turns (shipped with the package
@@ -28,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 PRESET = "eagle3_smollm2"
+# --family: the preset each head family's quickstart trains (the plan, data and clock are the same)
+PRESETS = {"eagle3": "eagle3_smollm2", "peagle": "peagle_smollm2"}
 DEFAULT_BUDGET = 45.0  # minutes, everything after set-up
 PASSES = 3.0  # planned passes over the data: the measured hour ran 2.9 (held-out curve flat at its end)
 # rendered tokens per ShareGPT first turn asked, held-out ones included (the shipped pool: 1.13M for 4,000 turns;
@@ -79,9 +82,9 @@ class Plan:
     workloads: list[str]
     stages: dict[str, float] = field(default_factory=dict)  # planned seconds
 
-    def overrides(self, out: Path, extra: list[str]) -> list[str]:
+    def overrides(self, out: Path, extra: list[str], preset: str = PRESET) -> list[str]:
         return training_overrides(
-            str(out), self.train_minutes, self.conversations, None if self.code_sets else [], extra
+            str(out), self.train_minutes, self.conversations, None if self.code_sets else [], extra, preset
         )
 
 
@@ -89,11 +92,13 @@ class BudgetTooSmall(ValueError):
     pass
 
 
-def training_overrides(out: str, minutes: float, conversations: int, also: list | None, extra: list[str]) -> list[str]:
+def training_overrides(
+    out: str, minutes: float, conversations: int, also: list | None, extra: list[str], preset: str = PRESET
+) -> list[str]:
     """The training stage's Hydra overrides: the preset with its data size and clock set (also=None keeps its
     data.also), then the user's own overrides, then resume=auto (a re-run continues)."""
     return [
-        f"conf={PRESET}",
+        f"conf={preset}",
         f"output_dir={out}",
         f"data.num_conversations={conversations}",
         *([] if also is None else ["data.also=[]"]),
@@ -160,7 +165,7 @@ def make_plan(
     return Plan(budget_min, turns, False, train_min, num_prompts, workloads, stages)
 
 
-def probe(target_dir: str) -> Rates:
+def probe(target_dir: str, preset: str = PRESET) -> Rates:
     """Time the target's feature forward and the preset head's training step here (~30 s)."""
     import torch
     from transformers import AutoConfig
@@ -170,7 +175,7 @@ def probe(target_dir: str) -> Rates:
     from draftsmith.train.config import compose_config
     from draftsmith.train.target import Target
 
-    cfg = compose_config([f"conf={PRESET}"])
+    cfg = compose_config([f"conf={preset}"])
     cpu = torch.device("cpu")
     bf16 = probe_fast_bf16(cpu)
     target = Target.from_pretrained(target_dir, dtype=target_dtype("auto", cpu))
@@ -287,7 +292,7 @@ def served_rows(results: dict[str, dict]) -> list[dict]:
     return rows
 
 
-def headline(rows: list[dict], rates: Rates) -> str:
+def headline(rows: list[dict], rates: Rates, head: str = "eagle3") -> str:
     """The README's headline table: per workload, the head's tokens per target step against ngram and suffix, and
     its served speed against no speculation."""
     by = {(r["workload"], r["method"]): r for r in rows if "tokens_per_target_step" in r}
@@ -300,7 +305,7 @@ def headline(rows: list[dict], rates: Rates) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for w in workloads:
-        h, n, s = by.get((w, "eagle3")), by.get((w, "ngram")), by.get((w, "suffix"))
+        h, n, s = by.get((w, head)), by.get((w, "ngram")), by.get((w, "suffix"))
         if not (h and n and s):
             out.append(f"| {w} | failed: see acceptance/{w}/acceptance.md | | | | | |")
             continue
@@ -327,6 +332,13 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--full", action="store_true", help="the preset as measured (4,000 turns + code sets, 60 min)")
     p.add_argument("--plan-only", action="store_true", help="probe this machine, print the plan and stop")
+    p.add_argument(
+        "--family",
+        choices=sorted(PRESETS),
+        default="eagle3",
+        help="the head: eagle3 (default, drafts step by step) or peagle (all k drafts in one forward); "
+        f"presets {', '.join(f'{k}: {v}' for k, v in PRESETS.items())}",
+    )
     p.add_argument("--num-prompts", type=int, default=32, help="prompts served per workload and method (default 32)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--k", type=int, default=3, help="speculative tokens per step when serving (default 3)")
@@ -341,8 +353,11 @@ def main(argv: list[str]) -> int:
 
     target = str(stages.run("prepare", "1/6 prepare target", prepare_smollm2))
     print(f"target: {target}")
-    rates = stages.run("probe", "2/6 probe this machine", lambda: probe(target))
+    preset = PRESETS[args.family]
+    rates = stages.run("probe", "2/6 probe this machine", lambda: probe(target, preset))
     key = {k: getattr(args, k) for k in ("budget", "full", "num_prompts", "max_tokens", "overrides")}
+    if args.family != "eagle3":  # (plans written before --family existed stay valid for eagle3)
+        key["family"] = args.family
 
     def new_plan() -> Plan:
         spent = sum(stages.spent.values())
@@ -359,7 +374,7 @@ def main(argv: list[str]) -> int:
 
     from draftsmith.train.config import compose_config, validate_config
 
-    overrides = plan.overrides(out, args.overrides)
+    overrides = plan.overrides(out, args.overrides, preset)
     validate_config(compose_config(overrides))  # a bad override fails here, before anything is prepared
     cmd = [sys.executable, "-m", "draftsmith.train.run", *overrides]
     print("\n" + " ".join(cmd[1:]), flush=True)
@@ -401,7 +416,7 @@ def main(argv: list[str]) -> int:
                 target,
                 str(files[w]),
                 list(SERVE_METHODS),
-                {"eagle3": str(exported)},
+                {args.family: str(exported)},
                 k=args.k,
                 max_tokens=args.max_tokens,
                 num_prompts=plan.num_prompts,
@@ -413,7 +428,7 @@ def main(argv: list[str]) -> int:
 
     results = stages.run("serve", "5/6 served acceptance in vLLM", serve)
     spent_total = round(time.time() - total, 1)
-    summary = write_summary(out, plan, rates, stages.spent, spent_total, results)
+    summary = write_summary(out, plan, rates, stages.spent, spent_total, results, args.family)
     print("\n=== 6/6 summary ===")
     print(summary["headline"])
     tr = summary["train"]
@@ -439,7 +454,9 @@ def split_child_stages(stages: Stages, marks: Path) -> None:
     )
 
 
-def write_summary(out: Path, plan: Plan, rates: Rates, spent: dict, total_s: float, results: dict) -> dict:
+def write_summary(
+    out: Path, plan: Plan, rates: Rates, spent: dict, total_s: float, results: dict, family: str = "eagle3"
+) -> dict:
     from draftsmith.atomic import atomic_write_json
 
     log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -468,7 +485,8 @@ def write_summary(out: Path, plan: Plan, rates: Rates, spent: dict, total_s: flo
             "eval_sim_accept_len": last_eval["eval/sim_accept_len"],
         },
         "served": rows,
-        "headline": headline(rows, rates),
+        "family": family,
+        "headline": headline(rows, rates, family),
         "stage_line": line,
     }
     atomic_write_json(out / "quickstart.json", summary)

@@ -9,7 +9,10 @@ else (vLLM's own logs) goes to the method's log file.
 
 JOB.json: {"name", "target", "speculative_config" (null = no speculation), "prompt_token_ids",
 "sampling": {"temperature", "max_tokens", "seed"}, "engine": {LLM(...) keyword arguments},
-"batch_size", "warmup_tokens", "stream_outputs" (emit each batch's token ids as an `outputs` event)}.
+"batch_size", "warmup_tokens", "stream_outputs" (emit each batch's token ids as an `outputs` event)}, and optionally
+"batch_sizes": [1, 4, 8, 16], the same prompts generated once per batch size in this one engine; the result then
+holds a "sweep" list (per batch size: generation_s, counters, generated_tokens, output_token_ids) and its top level
+is the first batch size's.
 """
 
 from __future__ import annotations
@@ -111,43 +114,23 @@ def run(job: dict) -> dict:
         warm = TokensPrompt(prompt_token_ids=job["prompt_token_ids"][0][: job["warmup_tokens"]])
         llm.generate([warm], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
 
-    before = read_spec_counters(llm)
     hybrid_before = _read_json(job.get("hybrid_stats"))
-    outputs: list[list[int]] = []
-    finish: list[str | None] = []
-    generation_s = 0.0
-    for start in range(0, len(prompts), batch):
-        t0 = time.perf_counter()
-        results = llm.generate(prompts[start : start + batch], params, use_tqdm=False)
-        generation_s += time.perf_counter() - t0
-        for r in results:
-            outputs.append(list(r.outputs[0].token_ids))
-            finish.append(r.outputs[0].finish_reason)
-        if job.get("stream_outputs"):  # the parent saves each batch as it lands (resumable regeneration)
-            emit("outputs", start=start, token_ids=outputs[start:], finish_reasons=finish[start:])
-        emit(
-            "progress",
-            done=len(outputs),
-            total=len(prompts),
-            tokens=sum(map(len, outputs)),
-            seconds=round(generation_s, 2),
-        )
-    after = read_spec_counters(llm)
+    sweep = [
+        generate_all(llm, prompts, params, size, stream=job.get("stream_outputs", False))
+        for size in (job.get("batch_sizes") or [batch])
+    ]
     hybrid_after = _read_json(job.get("hybrid_stats"))
+    first = sweep[0]
 
     return {
         "name": job["name"],
         "versions": versions(),
         "import_s": import_s,
         "engine_start_s": engine_start_s,
-        "generation_s": generation_s,
-        "counters_at_start": before,
-        "counters": counter_delta(after, before),
+        **first,
+        **({"sweep": sweep} if job.get("batch_sizes") else {}),
         **_hybrid_delta(hybrid_before, hybrid_after),
         "prompt_tokens": sum(map(len, job["prompt_token_ids"])),
-        "generated_tokens": sum(map(len, outputs)),
-        "output_token_ids": outputs,
-        "finish_reasons": finish,
         "torch_threads": torch.get_num_threads(),
         "vllm_patches": patches,
         "env": {
@@ -160,6 +143,41 @@ def run(job: dict) -> dict:
                 "LD_PRELOAD",
             )
         },
+    }
+
+
+def generate_all(llm, prompts, params, batch: int, stream: bool = False) -> dict:
+    """Every prompt, `batch` concurrent requests per generate() call: the timed generation, its counters (after -
+    before, so nothing the engine did earlier counts) and outputs."""
+    before = read_spec_counters(llm)
+    outputs: list[list[int]] = []
+    finish: list[str | None] = []
+    generation_s = 0.0
+    for start in range(0, len(prompts), batch):
+        t0 = time.perf_counter()
+        results = llm.generate(prompts[start : start + batch], params, use_tqdm=False)
+        generation_s += time.perf_counter() - t0
+        for r in results:
+            outputs.append(list(r.outputs[0].token_ids))
+            finish.append(r.outputs[0].finish_reason)
+        if stream:  # the parent saves each batch as it lands (resumable regeneration)
+            emit("outputs", start=start, token_ids=outputs[start:], finish_reasons=finish[start:])
+        emit(
+            "progress",
+            done=len(outputs),
+            total=len(prompts),
+            tokens=sum(map(len, outputs)),
+            seconds=round(generation_s, 2),
+            batch_size=batch,
+        )
+    return {
+        "batch_size": batch,
+        "generation_s": generation_s,
+        "counters_at_start": before,
+        "counters": counter_delta(read_spec_counters(llm), before),
+        "generated_tokens": sum(map(len, outputs)),
+        "output_token_ids": outputs,
+        "finish_reasons": finish,
     }
 
 

@@ -48,7 +48,63 @@ ENGINE_DEFAULTS = {
     "threads": None,  # OMP_NUM_THREADS per engine; None = the environment's value, else 1 (see below)
     "timeout_s": None,  # per method; a method past it is killed and reported as failed
     "warmup_tokens": 16,  # an untimed request on the first prompt's first N tokens (0 = none)
+    # a sweep: every prompt once per batch size, in the same engine per method ([1, 4, 8, 16]); None = batch_size
+    "batch_sizes": None,
+    "max_num_seqs": None,  # the engine's most concurrent requests; None = vLLM's default
+    # heads only: vLLM's num_speculative_tokens_per_batch_size, [[lo, hi, k], ...] (k = 0: no drafting there)
+    "k_schedule": None,
+    # heads: None = as the export says (a P-EAGLE head drafts in parallel, an EAGLE-3 one step by step); True / False
+    # insist, and a head not trained that way is refused
+    "parallel_drafting": None,
 }
+
+
+class ScheduleError(ValueError):
+    """A k schedule vLLM would read differently from what its author meant (gaps, overlaps, k above --k)."""
+
+
+def check_schedule(schedule, k: int, max_num_seqs: int | None = None) -> list[list[int]]:
+    """[[lo, hi, k_i], ...] as vLLM's num_speculative_tokens_per_batch_size, checked: ranges from 1, contiguous,
+    inclusive, each k_i in 0..k. vLLM itself fills a gap with the range before it and caps k_i at k silently."""
+    where = f"k schedule {json.dumps(schedule)}"
+    if not isinstance(schedule, list) or not schedule:
+        raise ScheduleError(f"{where}: expected a non-empty list of [first batch size, last batch size, k]")
+    rows = []
+    for entry in schedule:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and all(isinstance(x, int) for x in entry)):
+            raise ScheduleError(f"{where}: entry {entry!r} is not [first, last, k] of integers")
+        lo, hi, kk = entry
+        if not 1 <= lo <= hi:
+            raise ScheduleError(f"{where}: range {lo}..{hi} must satisfy 1 <= first <= last")
+        if not 0 <= kk <= k:
+            raise ScheduleError(f"{where}: k={kk} for batch sizes {lo}..{hi} is outside 0..{k} (--k is the most)")
+        rows.append([lo, hi, kk])
+    rows.sort()
+    expect = 1
+    for lo, hi, _ in rows:
+        if lo < expect:
+            raise ScheduleError(f"{where}: batch sizes {lo}..{min(hi, expect - 1)} are in two ranges (overlap)")
+        if lo > expect:
+            raise ScheduleError(
+                f"{where}: batch sizes {expect}..{lo - 1} are in no range (a gap; vLLM would use "
+                "the range before it, which is not what the schedule says)"
+            )
+        expect = hi + 1
+    if max_num_seqs and rows[-1][1] < max_num_seqs:
+        rows[-1][1] = max_num_seqs  # the last range covers every batch the engine can run
+    return rows
+
+
+def read_schedule(text: str) -> list:
+    """--k-schedule: a JSON list, or a file holding one (a schedule.json written by `draftsmith eval schedule`
+    holds it under "num_speculative_tokens_per_batch_size")."""
+    path = Path(text)
+    raw = path.read_text() if path.is_file() else text
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ScheduleError(f"--k-schedule {text!r}: not JSON ({e.msg}) and no such file") from None
+    return value.get("num_speculative_tokens_per_batch_size") if isinstance(value, dict) else value
 
 
 def head_method(head_dir: str) -> str:
@@ -62,9 +118,30 @@ def head_method(head_dir: str) -> str:
     # vLLM infers the method only when the head itself is served as the model; given as the draft
     # `model` next to a target, an unset method means "draft_model" (a full LM), so name it here.
     method = cfg.get("speculators_model_type", "eagle3")
-    if method not in ("eagle3", "eagle"):
+    if method not in ("eagle3", "eagle", "peagle"):
         raise ValueError(f"head {head_dir}: speculators_model_type {method!r} is not an EAGLE head")
+    if method == "peagle" or cfg.get("mask_token_id") is not None:
+        return "peagle"  # served as eagle3 with parallel_drafting (speculative_config)
     return method
+
+
+def check_parallel_drafting(name: str, head_dir: str, wanted: bool) -> None:
+    """Refuse to serve a head in the drafting mode it was not trained for (both load in vLLM and serve wrongly)."""
+    method = head_method(str(Path(head_dir).resolve()))
+    if method == "mlp_speculator":
+        raise ValueError(f"head {name} ({head_dir}) is an MLP speculator: parallel_drafting is for EAGLE-3 heads")
+    parallel = method == "peagle"
+    if wanted and not parallel:
+        raise ValueError(
+            f"head {name} ({head_dir}) was trained to draft step by step (family eagle3): with parallel_drafting "
+            "vLLM would feed its steps 2..k mask slots it never saw (and refuse it: no mask_hidden). Train a "
+            "parallel head with conf=peagle_smollm2 or head.family=peagle, or serve this one without parallel drafting"
+        )
+    if parallel and not wanted:
+        raise ValueError(
+            f"head {name} ({head_dir}) is a P-EAGLE head: its steps 2..k read mask slots, not the step before, so "
+            "drafting it step by step proposes tokens it was never trained to; serve it with parallel drafting"
+        )
 
 
 def speculative_config(name: str, k: int, heads: dict[str, str], ngram_min: int, ngram_max: int) -> dict | None:
@@ -87,6 +164,8 @@ def speculative_config(name: str, k: int, heads: dict[str, str], ngram_min: int,
         from draftsmith.vllm_plugin import speculative_kwargs
 
         return speculative_kwargs(head_dir, k)["speculative_config"]
+    if method == "peagle":  # one draft forward for all k tokens (vLLM reads mask_token_id and mask_hidden)
+        return {"method": "eagle3", "model": head_dir, "num_speculative_tokens": k, "parallel_drafting": True}
     return {"method": method, "model": head_dir, "num_speculative_tokens": k}
 
 
@@ -207,6 +286,7 @@ def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float
     if timer:
         timer.start()
     tail: list[str] = []
+    sizes_done, size = 0, None  # a batch-size sweep runs the prompts once per size
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line-buffered: tail -f works
         for line in proc.stdout:
             log.write(line)
@@ -217,10 +297,14 @@ def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float
             if ev["event"] == "engine_ready":
                 say(f"  [bold]{name}[/]: engine ready in {ev['seconds']:.1f} s")
             elif ev["event"] == "progress":
+                if size is not None and ev.get("batch_size") != size:
+                    sizes_done += 1
+                size = ev.get("batch_size")
+                at = f" at batch {size}" if job.get("batch_sizes") else ""
                 progress.update(
                     task,
-                    completed=done_before + ev["done"],
-                    description=f"{name}: {ev['done']}/{ev['total']} prompts, {ev['tokens']} tokens",
+                    completed=done_before + sizes_done * ev["total"] + ev["done"],
+                    description=f"{name}: {ev['done']}/{ev['total']} prompts{at}, {ev['tokens']} tokens",
                 )
     rc = proc.wait()
     if timer:
@@ -297,6 +381,18 @@ def run_acceptance(
     if unknown:
         raise TypeError(f"unknown engine settings {sorted(unknown)}; known: {sorted(ENGINE_DEFAULTS)}")
     settings = {**ENGINE_DEFAULTS, **engine}
+    sizes = settings["batch_sizes"]
+    if sizes is not None:
+        if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes) or len(set(sizes)) != len(sizes):
+            raise ValueError(f"batch sizes {sizes}: distinct integers >= 1, e.g. 1,4,8,16")
+    cap = settings["max_num_seqs"]
+    too_big = [b for b in (sizes or [settings["batch_size"]]) if cap and b > cap]
+    if too_big:
+        raise ValueError(
+            f"batch sizes {too_big} above the engine's max_num_seqs={cap}: vLLM would run at most {cap} requests "
+            f"at once and the figure would be that batch's, not the one asked for. Raise --max-num-seqs or drop them"
+        )
+    schedule = check_schedule(settings["k_schedule"], k, cap) if settings["k_schedule"] is not None else None
     bad = [m for m in methods if m not in BASELINES]
     if bad:
         raise ValueError(f"unknown methods {bad}: choose from {list(BASELINES)} (heads go in `heads`)")
@@ -322,6 +418,12 @@ def run_acceptance(
         else speculative_config(n, k, heads, settings["ngram_min"], settings["ngram_max"])
         for n in names
     }
+    if settings["parallel_drafting"] is not None:
+        for n in heads:
+            check_parallel_drafting(n, heads[n], settings["parallel_drafting"])
+    if schedule is not None:  # the head reads its schedule; the training-free methods keep k
+        for n in heads:
+            spec[n]["num_speculative_tokens_per_batch_size"] = schedule
 
     target = resolve_target(str(target))
     prompts = load_prompts(prompts_path, num_prompts)
@@ -347,6 +449,7 @@ def run_acceptance(
         "enforce_eager": settings["enforce_eager"],
         "max_model_len": max_model_len,
         "seed": seed,
+        **({"max_num_seqs": cap} if cap else {}),
     }
     env, kv_gib, threads = _child_env(settings)
 
@@ -361,10 +464,12 @@ def run_acceptance(
     children: dict[str, dict] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("starting", total=len(names) * len(prompts))
+        task = progress.add_task("starting", total=len(names) * len(prompts) * len(sizes or [1]))
         for i, name in enumerate(names):
             console.print(f"[{i + 1}/{len(names)}] [bold]{name}[/] speculative_config={spec[name]}")
-            progress.update(task, completed=i * len(prompts), description=f"{name}: starting engine")
+            progress.update(
+                task, completed=i * len(prompts) * len(sizes or [1]), description=f"{name}: starting engine"
+            )
             job = {
                 "name": name,
                 "target": target,
@@ -373,6 +478,7 @@ def run_acceptance(
                 "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
                 "engine": {**llm_kwargs, **head_engine_kwargs(name, heads, hybrid_of, runs_dir, force)},
                 "batch_size": settings["batch_size"],
+                "batch_sizes": sizes,
                 "warmup_tokens": settings["warmup_tokens"],
             }
             if name in hybrid_of:
@@ -380,10 +486,12 @@ def run_acceptance(
             t0 = time.perf_counter()
             children[name] = _run_child(name, job, runs_dir, env, settings["timeout_s"], progress, task)
             children[name]["process_s"] = time.perf_counter() - t0
-        progress.update(task, completed=len(names) * len(prompts), description="done")
+        progress.update(task, completed=len(names) * len(prompts) * len(sizes or [1]), description="done")
 
-    reference = children.get("none", {}).get("output_token_ids") if temperature == 0 else None
-    rows = {name: _summarize(name, children[name], spec[name], reference) for name in names}
+    sweep = [
+        {"batch_size": b, "methods": _rows_at(i, names, children, spec, temperature)} for i, b in enumerate(sizes or [])
+    ]
+    rows = sweep[0]["methods"] if sweep else _rows_at(None, names, children, spec, temperature)
     for name in heads:  # the head served, also where the speculative config names a proposer class instead
         if name in rows:
             rows[name]["head_dir"] = str(Path(heads[name]).resolve())
@@ -392,10 +500,6 @@ def run_acceptance(
         if rows[name]["status"] == "ok":  # over the timed generation, as the counters
             for key in HYBRID_KEYS:
                 rows[name][key] = children[name].get(key)
-    ref_speed = rows.get("none", {}).get("output_tokens_per_s")
-    for row in rows.values():
-        speed = row.get("output_tokens_per_s")
-        row["speedup_vs_none"] = speed / ref_speed if speed and ref_speed else None
     used = {n: r["torch_threads"] for n, r in rows.items() if r["status"] == "ok"}
     if len(set(used.values())) > 1:
         console.print(f"[yellow]warning: methods ran with different torch thread counts {used}; tok/s not comparable")
@@ -413,7 +517,9 @@ def run_acceptance(
         "engine": {
             **llm_kwargs,
             "kv_cache_gib": kv_gib,
-            "batch_size": settings["batch_size"],
+            "batch_size": sizes[0] if sizes else settings["batch_size"],
+            "batch_sizes": sizes,
+            "k_schedule": schedule,
             "disable_log_stats": False,
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "OMP_NUM_THREADS": threads,
@@ -425,10 +531,86 @@ def run_acceptance(
         },
         "versions": {**engine_versions(), **(first_ok["versions"] if first_ok else {})},
         "methods": rows,
+        **({"sweep": sweep} if sweep else {}),
     }
     (out / "acceptance.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "acceptance.md").write_text(format_table(result) + "\n")
+    if sweep:
+        (out / "sweep.md").write_text(format_sweep(result) + "\n")
+        plot_sweep(result, out / "plots" / "speedup_vs_batch.png")
     return result
+
+
+def _rows_at(i: int | None, names, children: dict, spec: dict, temperature: float) -> dict:
+    """Every method's row at sweep entry i (None: no sweep), its speed against no speculation's at that batch."""
+
+    def at(child: dict) -> dict:
+        return child if i is None or "error" in child else {**child, **child["sweep"][i]}
+
+    none = at(children.get("none", {"error": "not run"}))
+    reference = none.get("output_token_ids") if temperature == 0 else None
+    rows = {name: _summarize(name, at(children[name]), spec[name], reference) for name in names}
+    ref_speed = rows.get("none", {}).get("output_tokens_per_s")
+    for row in rows.values():
+        speed = row.get("output_tokens_per_s")
+        row["speedup_vs_none"] = speed / ref_speed if speed and ref_speed else None
+    return rows
+
+
+def format_sweep(result: dict) -> str:
+    """The batch-size sweep as one markdown table: per method and batch size, tokens per target step, served tok/s
+    and its ratio to no speculation at the same batch size, and whether greedy outputs equal it."""
+    sizes = [s["batch_size"] for s in result["sweep"]]
+    names = list(result["sweep"][0]["methods"])
+    lines = [
+        f"k={result['k']}, {result['num_prompts']} prompts from `{Path(result['prompts_file']).name}`, "
+        f"max_tokens={result['max_tokens']}, temperature={result['temperature']}"
+        + (f", k schedule {json.dumps(result['engine']['k_schedule'])}" if result["engine"].get("k_schedule") else ""),
+        "",
+        "| method | " + " | ".join(f"batch {b}: tok/step, tok/s, vs none" for b in sizes) + " | outputs = none |",
+        "|---|" + "---|" * (len(sizes) + 1),
+    ]
+    for name in names:
+        cells, match = [], []
+        for s in result["sweep"]:
+            r = s["methods"][name]
+            if r["status"] != "ok":
+                cells.append("failed")
+                continue
+            cells.append(
+                f"{_fmt(r['tokens_per_target_step'])}, {_fmt(r['output_tokens_per_s'], '.1f')}, "
+                f"**{_fmt(r['speedup_vs_none'])}x**"
+            )
+            match.append(r["match_vs_none"])
+        same = "ref" if name == "none" else (_fmt(min(match)) if match and None not in match else "—")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {same} |")
+    return "\n".join(lines)
+
+
+def plot_sweep(result: dict, path: Path) -> None:
+    """Served speed-up over no speculation against concurrent requests, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [s["batch_size"] for s in result["sweep"]]
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for name in result["sweep"][0]["methods"]:
+        ys = [s["methods"][name].get("speedup_vs_none") for s in result["sweep"]]
+        if name != "none" and any(y is not None for y in ys):
+            ax.plot(sizes, [y if y is not None else float("nan") for y in ys], marker="o", label=name)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xlabel("concurrent requests (batch size)")
+    ax.set_ylabel("served tok/s / no speculation")
+    ax.set_title(f"{Path(result['prompts_file']).name}, k={result['k']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _fmt(x, spec: str = ".2f", none: str = "—") -> str:

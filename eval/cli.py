@@ -8,6 +8,10 @@ r"""`draftsmith eval acceptance`: measure draft acceptance in real vLLM speculat
 Writes OUT/acceptance.json (every figure, versions, exact speculative configs), OUT/acceptance.md and
 OUT/runs/ (per method: the job, vLLM's log, the generated token ids).
 
+With --batch-sizes 1,4,8,16 every method's engine serves the prompts once per batch size (concurrent requests):
+OUT/sweep.md, OUT/plots/speedup_vs_batch.png and acceptance.json's "sweep". `draftsmith eval schedule` turns such
+runs into the k per batch size that serves a head fastest, which --k-schedule serves.
+
 With any of --workloads, --ks, --temperatures it runs the whole matrix instead (methods × workloads × k ×
 temperature, served and reference decoder, report and plots; `draftsmith eval matrix --help`):
 
@@ -21,7 +25,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftsmith.eval.acceptance import BASELINES, ENGINE_DEFAULTS, result_cells, run_acceptance
+from draftsmith.eval.acceptance import (
+    BASELINES,
+    ENGINE_DEFAULTS,
+    ScheduleError,
+    read_schedule,
+    result_cells,
+    run_acceptance,
+)
 from draftsmith.eval.args import head_arg, methods_arg
 from draftsmith.eval.prompts import PromptFileError
 
@@ -104,6 +115,27 @@ def acceptance(argv: list[str]) -> int:
         help="prompts per generate call (1 = latency regime)",
     )
     p.add_argument(
+        "--batch-sizes",
+        default=None,
+        metavar="1,4,8,16",
+        help="a sweep: every prompt once per batch size, one engine per method (OUT/sweep.md and a plot)",
+    )
+    p.add_argument(
+        "--parallel-drafting",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="heads: auto = as trained (P-EAGLE heads in one forward); on / off insist (a head not trained so is "
+        "refused)",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=None, help="the engine's most concurrent requests")
+    p.add_argument(
+        "--k-schedule",
+        default=None,
+        metavar="JSON|FILE",
+        help="heads: vLLM's num_speculative_tokens_per_batch_size, e.g. '[[1,4,3],[5,256,0]]', or a schedule.json "
+        "from `draftsmith eval schedule`",
+    )
+    p.add_argument(
         "--kv-cache-gib",
         type=int,
         default=None,
@@ -121,10 +153,17 @@ def acceptance(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.k < 1 or args.max_tokens < 1:
         p.error("--k and --max-tokens must be >= 1")
+    sizes = None
+    if args.batch_sizes is not None:
+        try:
+            sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+        except ValueError:
+            p.error(f"--batch-sizes {args.batch_sizes!r}: comma-separated integers, e.g. 1,4,8,16")
 
     from rich.console import Console
 
     try:
+        schedule = read_schedule(args.k_schedule) if args.k_schedule else None
         result = run_acceptance(
             args.target,
             args.prompts,
@@ -140,18 +179,27 @@ def acceptance(argv: list[str]) -> int:
             ngram_min=args.ngram_min,
             ngram_max=args.ngram_max,
             batch_size=args.batch_size,
+            batch_sizes=sizes,
+            max_num_seqs=args.max_num_seqs,
+            k_schedule=schedule,
+            parallel_drafting={"auto": None, "on": True, "off": False}[args.parallel_drafting],
             kv_cache_gib=args.kv_cache_gib,
             max_model_len=args.max_model_len,
             threads=args.threads,
             timeout_s=args.timeout,
             hybrids=tuple(args.hybrid),
         )
-    except (PromptFileError, FileNotFoundError, ValueError) as e:
+    except (PromptFileError, FileNotFoundError, ValueError, ScheduleError) as e:
         print(f"draftsmith eval acceptance: {e}", file=sys.stderr)
         return 2
     console = Console(width=None if sys.stdout.isatty() else 150)  # logs get the whole table, unwrapped
     console.print(rich_table(result))
     console.print(f"wrote {args.out}/acceptance.json and {args.out}/acceptance.md")
+    if sizes:
+        from pathlib import Path
+
+        console.print(Path(args.out, "sweep.md").read_text(), markup=False, highlight=False)
+        console.print(f"wrote {args.out}/sweep.md and {args.out}/plots/speedup_vs_batch.png")
     failed = [n for n, r in result["methods"].items() if r["status"] != "ok"]
     if failed:
         console.print(f"[red]failed methods: {', '.join(failed)}[/] (logs under {args.out}/runs/)")
@@ -165,6 +213,13 @@ def matrix(argv: list[str]) -> int:
     return matrix_main(argv)
 
 
+def schedule(argv: list[str]) -> int:
+    """`draftsmith eval schedule`: the k per batch size that serves a head fastest, from batch-size sweeps."""
+    from draftsmith.eval.schedule import main as schedule_main
+
+    return schedule_main(argv)
+
+
 def fit_hybrid(argv: list[str]) -> int:
     """`draftsmith eval fit-hybrid`: fit a head's hybrid policy (head vs suffix/ngram per step) on training data."""
     from draftsmith.eval.hybrid import main as fit_main
@@ -172,14 +227,15 @@ def fit_hybrid(argv: list[str]) -> int:
     return fit_main(argv)
 
 
-COMMANDS = {"acceptance": acceptance, "matrix": matrix, "fit-hybrid": fit_hybrid}
+COMMANDS = {"acceptance": acceptance, "matrix": matrix, "schedule": schedule, "fit-hybrid": fit_hybrid}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(
-            "usage: draftsmith eval {acceptance,matrix,fit-hybrid} [--help] ...\n\n" + (__doc__ or ""), file=sys.stderr
+            "usage: draftsmith eval {acceptance,matrix,schedule,fit-hybrid} [--help] ...\n\n" + (__doc__ or ""),
+            file=sys.stderr,
         )
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:])

@@ -141,6 +141,9 @@ class Eagle3Drafter(HeadDrafter):
     the previous step's output hidden, attending to the committed rows plus its own earlier steps.
     `draft_sampling="greedy"` drafts argmax tokens (q one-hot: what vLLM's EAGLE proposer does);
     "sample" draws from softmax(draft logits / T) and hands those q to the verifier.
+
+    A P-EAGLE head (`config.parallel_drafting`) drafts as vLLM's parallel drafter does: steps 1..k-1 are mask slots
+    at positions m+1..m+k-1, all in one forward on the fork (causal among themselves), read by no drafted token.
     """
 
     name = "eagle3"
@@ -185,8 +188,15 @@ class Eagle3Drafter(HeadDrafter):
         out, probs, own = [], [], []
         hidden = self.last_hidden
         drafts = self.cache.fork()  # the draft steps' keys go here, never into the committed cache
+        parallel = self.head.config.parallel_drafting
+        if parallel and k > 1:  # the k-1 mask slots after the newest row, in one forward
+            ids, mask = self.head.mask_inputs(1, k - 1)
+            pos = torch.arange(self.last_pos + 1, self.last_pos + k)[None]  # [1, k-1]
+            slots = self.head(ids, pos, mask.to(hidden.dtype), drafts)  # [1, k-1, H]
         for s in range(k):
-            if s > 0:  # draft step s at position last_pos + s: previous draft token + previous hidden
+            if s > 0 and parallel:
+                hidden = slots[:, s - 1 : s]  # [1, 1, H]
+            elif s > 0:  # draft step s at position last_pos + s: previous draft token + previous hidden
                 pos = torch.tensor([[self.last_pos + s]])
                 hidden = self.head(torch.tensor([[out[-1]]]), pos, hidden, drafts)  # [1, 1, H]
             tok, q, p = self._draw(hidden, temperature, generator)

@@ -5,6 +5,10 @@ Two dialects:
   verifier (target) recorded, tensors `layers.{i}.*`; `vllm serve <dir>` works from the directory alone.
 * native: `architectures: ["LlamaForCausalLMEagle3"]`, `eagle_config`, tensors `midlayer.*` (layer 0), `layers.{i}.*`.
 
+A P-EAGLE head (family peagle, `parallel_drafting`) adds the tensor `mask_hidden` and its `mask_token_id`; its
+speculators dialect is `speculators_model_type: peagle` (vLLM turns that into eagle3 + parallel_drafting), the native
+one needs `parallel_drafting: true` in the speculative_config (`eval/acceptance.py` passes it for both).
+
 vLLM's loaders skip unknown keys silently, so every write ends with an exact key-set check.
 """
 
@@ -54,6 +58,8 @@ def expected_shapes(cfg: Eagle3Config, layer_prefix: str = "layers.0.") -> dict[
         shapes["input_norm.weight"] = (len(cfg.aux_layer_ids) * cfg.target_hidden_size,)
     if cfg.fc_norm:
         shapes.update({f"fc_norm.{i}.weight": (cfg.target_hidden_size,) for i in range(len(cfg.aux_layer_ids))})
+    if cfg.parallel_drafting:  # what a mask slot reads in place of the aux states, before fc
+        shapes["mask_hidden"] = (len(cfg.aux_layer_ids) * cfg.target_hidden_size,)
     if cfg.draft_vocab_size != cfg.vocab_size:
         # vLLM 0.32 builds no draft_id_to_target_id for a full-vocab head and fails to load a d2t it cannot place
         shapes.update({"d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)})
@@ -112,11 +118,16 @@ def transformer_layer_config(cfg: Eagle3Config, dtype: str) -> dict:
 
 
 def speculators_config(cfg: Eagle3Config, verifier: str, k: int, dtype: str) -> dict:
+    method = "peagle" if cfg.parallel_drafting else "eagle3"
+    layer = transformer_layer_config(cfg, dtype)
+    if cfg.parallel_drafting:
+        # vLLM's peagle reader copies neither fc_norm nor norm_output to the draft config, which starts from this one
+        layer.update({"fc_norm": cfg.fc_norm, "norm_output": False})
     return {
         "architectures": [SPECULATORS_ARCH],
-        "speculators_model_type": "eagle3",
+        "speculators_model_type": method,
         "speculators_version": "0.9.0",
-        "transformer_layer_config": transformer_layer_config(cfg, dtype),
+        "transformer_layer_config": layer,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,  # vLLM defaults this to true: always write it
@@ -124,8 +135,9 @@ def speculators_config(cfg: Eagle3Config, verifier: str, k: int, dtype: str) -> 
         "fc_norm": cfg.fc_norm,
         "norm_output": False,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {}),
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": method,
             "proposal_methods": [
                 {"proposal_type": "greedy", "speculative_tokens": k, "verifier_accept_k": 1, "accept_tolerance": 0.0}
             ],
@@ -145,6 +157,7 @@ def native_config(cfg: Eagle3Config, dtype: str) -> dict:
             "target_hidden_size": cfg.target_hidden_size,
             "norm_before_residual": cfg.norm_before_residual,
             "fc_norm": cfg.fc_norm,  # vLLM reads it from the top level, norm_before_fc from eagle_config
+            **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {}),
             "eagle_config": {
                 "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
                 "use_aux_hidden_state": True,
@@ -180,8 +193,10 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     out_dir = Path(out_dir)
     config = json.loads((out_dir / "config.json").read_text())
     tensors = load_file(out_dir / "model.safetensors")
-    if config.get("speculators_model_type") == "eagle3":
+    method = config.get("speculators_model_type")
+    if method in ("eagle3", "peagle"):
         layer_cfg, prefix = config["transformer_layer_config"], "layers.0."
+        parallel = method == "peagle"
         ids = config["eagle_aux_hidden_state_layer_ids"]
         norm_before_fc = config.get("norm_before_fc", False)
         k = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
@@ -189,10 +204,14 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
             raise ExportError(f"speculative_tokens must be >= 1, got {k}")
     elif config.get("architectures") == [NATIVE_ARCH]:
         layer_cfg, prefix = config, "midlayer."
+        parallel = config.get("mask_token_id") is not None
         ids = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
         norm_before_fc = config["eagle_config"].get("norm_before_fc", config.get("norm_before_fc", False))
     else:
-        raise ExportError(f"{out_dir}/config.json is neither an EAGLE-3 speculators nor a native config")
+        raise ExportError(f"{out_dir}/config.json is neither an EAGLE-3 / P-EAGLE speculators nor a native config")
+    mask_token = config.get("mask_token_id")
+    if parallel and not (isinstance(mask_token, int) and 0 <= mask_token < layer_cfg["vocab_size"]):
+        raise ExportError(f"mask_token_id {mask_token!r} must be a token id of the target's vocab")
     if "norm_before_residual" not in config:
         raise ExportError("norm_before_residual must be written explicitly (vLLM's default differs by dialect)")
     if len(ids) != len(set(ids)) or len(ids) < 1:
@@ -213,6 +232,8 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
         norm_before_fc=bool(norm_before_fc),
         fc_norm=bool(config.get("fc_norm", False)),
         num_layers=int(layer_cfg.get("num_hidden_layers", 1)),
+        parallel_drafting=parallel,
+        mask_token_id=mask_token,
     )
     want = expected_shapes(cfg, prefix)
     missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
@@ -280,7 +301,7 @@ def export_eagle3(
         (tmp / "draftsmith.json").write_text(
             json.dumps(
                 {
-                    "family": "eagle3",
+                    "family": "peagle" if cfg.parallel_drafting else "eagle3",
                     "dialect": dialect,
                     "verifier": verifier,
                     "head_config": {**cfg.to_dict(), "fc_outlier_ratio": 0.0},  # its scale is in fc.weight now

@@ -21,12 +21,17 @@ def test_every_reference_resolves(name):
         if isinstance(value, Ref):
             assert callable(value.load()), f"{name}.{f.name} = {value.path}"
     assert set(family.fields) <= {"aux", "last"} and "last" in family.fields
-    objective = family.objective.load()
-    assert objective.family == name  # what checkpoints and shard manifests record
+    from omegaconf import OmegaConf
+
+    from draftsmith.train.config import HeadConfig
+
+    objective = family.objective(OmegaConf.structured(HeadConfig(family=name)))
+    assert objective.family == name  # what checkpoints record
+    assert families.get(family.features_family).fields == family.fields  # what shard manifests record
 
 
 def test_unknown_family_names_the_known_ones():
-    with pytest.raises(ConfigError, match=r"head.family='medusa': .*eagle3 \| mlp_speculator"):
+    with pytest.raises(ConfigError, match=r"head.family='medusa': .*eagle3 \| peagle \| mlp_speculator"):
         families.get("medusa")
     with pytest.raises(ConfigError, match=r"run/head.json: records head family 'medusa'"):
         families.get("medusa", where="run/head.json")

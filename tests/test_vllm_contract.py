@@ -70,10 +70,11 @@ def tiny_setup(tiny_target_dir, tmp_path_factory):
     return model, heads, dirs
 
 
-def probe(target_dir, head_dir, prompt_ids, tmp_path):
+def probe(target_dir, head_dir, prompt_ids, tmp_path, extra: dict | None = None):
     out = tmp_path / "probe.pt"
     proc = subprocess.run(
-        [sys.executable, str(PROBE), str(target_dir), str(head_dir), json.dumps(prompt_ids), str(out)],
+        [sys.executable, str(PROBE), str(target_dir), str(head_dir), json.dumps(prompt_ids), str(out)]
+        + ([json.dumps(extra)] if extra else []),
         capture_output=True,
         text=True,
         timeout=600,
@@ -162,6 +163,61 @@ def test_export_refuses_mismatched_target_and_bad_maps(tiny_setup, tmp_path):
     config = validate_export(dirs["plain", "speculators"], model.config)
     assert config["eagle_aux_hidden_state_layer_ids"] == AUX
     assert config["norm_before_residual"] is False
+
+
+@pytest.mark.parametrize(
+    "flags,dialect",
+    [({}, "speculators"), ({"norm_before_fc": True, "fc_norm": True}, "speculators"), ({"num_layers": 2}, "native")],
+    ids=["plain-speculators", "fc_norms-speculators", "two_layers-native"],
+)
+def test_parallel_head_drafts_in_one_forward_as_trained(tiny_setup, tiny_target_dir, tmp_path, flags, dialect):
+    """P-EAGLE through vLLM's own loader and parallel drafter: one draft forward per round whose k rows (the newest
+    row, then the mask slots) equal our head's, every round's drafts equal the reference decoder's, and the
+    accepted counts and greedy output equal it exactly."""
+    from draftsmith.eval.reference_decoder import Eagle3Drafter, decode_prompts
+
+    model = tiny_setup[0]
+    head = make_head(model, parallel_drafting=True, mask_token_id=2, **flags)
+    with torch.no_grad():
+        head.mask_hidden.mul_(3)
+    out = export_eagle3(
+        head.trainable_state_dict(),
+        head.config,
+        tmp_path / "peagle",
+        verifier=str(tiny_target_dir),
+        k=3,
+        dialect=dialect,
+        target_config=model.config,
+    )
+    prompt = [1, 422, 1520, 314, 253, 3437, 30, 422, 1520, 314, 253]
+    got = probe(tiny_target_dir, out, prompt, tmp_path, {"parallel_drafting": True})
+    assert got["arch"] == "Eagle3LlamaForCausalLM"
+    calls = got["draft_logits_calls"]
+    assert all(c.shape[0] == 3 for c in calls)  # one compute_logits per round, k rows: no sequential steps
+
+    # round 1 numerically: the newest row (the first generated token, the last prompt row's aux state) and two
+    # mask slots after it, against the head's own kv-cache forward
+    first, n, d2t_ids = got["generated"][0], len(prompt), head.draft_to_target
+    with torch.no_grad():
+        f = Target(model, AUX).features(torch.tensor([prompt]))
+        kv = head.kv_cache()
+        h0 = head(torch.tensor([prompt[1:] + [first]]), torch.arange(n)[None], head.fuse(f.aux), kv)[:, -1:]
+        ids, mask = head.mask_inputs(1, 2)
+        slots = head(ids, torch.arange(n, n + 2)[None], mask, kv.fork())
+        ours = head.logits(torch.cat([h0, slots], dim=1))[0]  # [3, Vd]
+    torch.testing.assert_close(calls[0][:, d2t_ids], ours, atol=2e-3, rtol=2e-3)
+
+    # every round: the reference decoder drafts what vLLM drafted, accepts what it accepted, outputs what it output
+    target, drafter, proposals = Target(model, AUX), Eagle3Drafter(head), []
+    propose = drafter.propose
+    drafter.propose = lambda *a, **kw: proposals.append(propose(*a, **kw)) or proposals[-1]
+    outputs, stats = decode_prompts(target, drafter, [prompt], k=3, max_tokens=len(got["generated"]))
+    assert outputs[0] == got["generated"]
+    served = [d2t_ids[c[:, d2t_ids].argmax(-1)].tolist() for c in calls]
+    assert len(proposals) >= 10 and [p.tokens for p in proposals] == served[: len(proposals)]
+    m = got["metrics"]
+    assert stats["counters"]["num_drafts"] == m["vllm:spec_decode_num_drafts"]
+    assert stats["counters"]["num_accepted_tokens_per_pos"] == list(m["vllm:spec_decode_num_accepted_tokens_per_pos"])
 
 
 def test_full_vocab_head_exports_without_maps_and_serves(tiny_target_dir, tmp_path):

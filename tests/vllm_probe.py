@@ -1,6 +1,6 @@
 """Run one prompt through vLLM EAGLE-3 speculative decoding and record what the draft head sees.
 
-Usage: python tests/vllm_probe.py TARGET_DIR HEAD_DIR PROMPT_IDS_JSON OUT.pt
+Usage: python tests/vllm_probe.py TARGET_DIR HEAD_DIR PROMPT_IDS_JSON OUT.pt [EXTRA_SPECULATIVE_CONFIG_JSON]
 Saves: the first fc input vLLM builds from the target's aux states ([N, 3H], the prefill rows), the
 draft logits of each draft step of the first speculation round, generated token ids, and the spec-decode counters.
 """
@@ -40,10 +40,11 @@ def main():
     from vllm.inputs import TokensPrompt
 
     target, head, prompt_json, out = sys.argv[1:5]
+    extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}  # e.g. {"parallel_drafting": true}
     prompt_ids = json.loads(prompt_json)
     llm = LLM(
         model=target,
-        speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3},
+        speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": 3, **extra},
         enforce_eager=True,
         dtype="float32",
         max_model_len=512,

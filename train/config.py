@@ -36,7 +36,7 @@ class HeadConfig:
     """Every head family's keys in one schema (a preset may override any of them whatever its family); which keys a
     family reads, and its own checks, are its entry in train/heads/families.py (`keys`, `problems`)."""
 
-    family: str = "eagle3"  # eagle3 | mlp_speculator (train/heads/families.py)
+    family: str = "eagle3"  # eagle3 | peagle | mlp_speculator (train/heads/families.py)
     init: str = "random"  # random | output (from the target's output side) | target (EAGLE-3: also its last layer)
     # EAGLE-3 (family eagle3)
     draft_vocab_size: int = 32000
@@ -54,6 +54,9 @@ class HeadConfig:
     # constant), argmax = its greedy token (cross-entropy), topk = its top `loss_topk` tokens, renormalised
     loss: str = "kl"
     loss_topk: int = 8
+    # P-EAGLE (family peagle: an EAGLE-3 head drafting all k tokens in one forward): the token id its mask slots read
+    # (vLLM's mask_token_id); None = the target's pad token, else its first eos token
+    mask_token_id: Optional[int] = None
     # MLP speculator (family mlp_speculator): n_predict stages of width inner_dim (0 = the target's hidden size)
     n_predict: int = 3
     inner_dim: int = 0

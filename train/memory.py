@@ -136,7 +136,8 @@ def activation_bytes(cfg, tc, act_bytes: int) -> dict[str, float]:
 
 def target_ends_params(cfg, tc) -> int:
     """What TargetEnds holds: the embedding, the final norm and the lm_head rows the objective reads."""
-    rows = min(cfg.head.draft_vocab_size, tc.vocab_size) if cfg.head.family == "eagle3" else 0  # MLP: none
+    # the draft vocab's lm_head rows (EAGLE-3, P-EAGLE); the MLP speculator reads none
+    rows = min(cfg.head.draft_vocab_size, tc.vocab_size) if families.get(cfg.head.family).draft_vocab else 0
     return (tc.vocab_size + 1 + rows) * tc.hidden_size
 
 

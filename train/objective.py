@@ -94,9 +94,10 @@ class PerHead(nn.Module):
 
 
 class EagleObjective:
-    family = "eagle3"
+    """EAGLE-3 and P-EAGLE (the head's config says which steps read mask slots, train/ttt/unroll.py)."""
 
     def __init__(self, cfg):
+        self.family = cfg.get("family", "eagle3")
         self.steps, self.decay = cfg.ttt_steps, cfg.ttt_decay
         self.loss, self.topk = cfg.get("loss", "kl"), cfg.get("loss_topk", 8)
 

@@ -119,7 +119,7 @@ def header_for(
     return {
         "format": FORMAT,
         "version": VERSION,
-        "family": family.name,
+        "family": family.features_family,
         "fields": list(family.fields) + (list(HELDOUT_FIELDS) if split == "heldout" else []),
         "split": split,
         "dtype": DTYPE_NAMES[dtype],

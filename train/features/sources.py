@@ -148,13 +148,15 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
         fingerprint_sha1,
         run_fingerprint,
     )
+    from draftsmith.train.heads import families
 
     dtype = cfg.data.get("features_dtype", "auto")
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"data.features_dtype={dtype!r}: expected auto | {' | '.join(DTYPES)}")
     name = DTYPE_NAMES[target.dtype] if dtype == "auto" else dtype
     digest = fingerprint_sha1(run_fingerprint(cfg, target, data.train, tokenizer))[:16]
-    root = cache_dir() / "features" / f"{digest}-{cfg.head.family}-{name}"  # the families store different fields
+    # the families store different fields (P-EAGLE reads EAGLE-3's: features_family)
+    root = cache_dir() / "features" / f"{digest}-{families.get(cfg.head.family).features_family}-{name}"
     # a listed shard deleted since (a bad one, as the checksum error advises) sends the run back to extraction
     if features_complete(root) and (not data.heldout or features_complete(root / HELDOUT_DIR, data.heldout)):
         log(f"features: extracted earlier, {root}")

@@ -5,6 +5,11 @@ export is a state_dict save. One call of `forward` is one draft step, as in vLLM
 the TTT unroll (train/ttt/unroll.py) calls it K times, passing `ttt_cache()` along; the reference decoder
 (eval/reference_decoder.py) calls it row by row with a `kv_cache()`, as vLLM decodes.
 
+`parallel_drafting` is the P-EAGLE head (family `peagle`): draft step s > 0 reads no draft token and no previous
+output but a mask slot, the embedding of `mask_token_id` and fc(`mask_hidden`), so vLLM drafts all k tokens in one
+forward (`parallel_drafting: true`); its attention is the same as the sequential head's (causal over the context,
+its own block's earlier slots).
+
 `num_layers` > 1 is vLLM llama_eagle3's multi-layer drafter: layer 0 reads [norm(embeds), norm(hidden)] (2·H),
 later layers are plain pre-norm Llama layers on H; every layer keeps its own keys and values.
 """
@@ -46,6 +51,9 @@ class Eagle3Config:
     hidden_act: str = "silu"
     num_layers: int = 1  # draft decoder layers (vLLM: num_hidden_layers of the draft config)
     ttt_steps: int = 7
+    # P-EAGLE: steps s > 0 are mask slots (embed(mask_token_id), fc(mask_hidden)), all drafted in one forward
+    parallel_drafting: bool = False
+    mask_token_id: Optional[int] = None
     target_model_type: str = "llama"
     target: dict = field(default_factory=dict)  # provenance: name_or_path, architectures, num_hidden_layers
 
@@ -66,6 +74,11 @@ class Eagle3Config:
             fc_outlier_ratio=head.fc_outlier_ratio,
             intermediate_size=head.intermediate_size,
             num_layers=head.num_layers,
+            **(
+                {"parallel_drafting": True, "mask_token_id": default_mask_token(target_config, head.mask_token_id)}
+                if head.family == "peagle"
+                else {}
+            ),
         )
 
     @classmethod
@@ -101,6 +114,23 @@ class Eagle3Config:
             },
             **kw,
         )
+
+
+def default_mask_token(target_config, chosen: int | None = None) -> int:
+    """The token id a P-EAGLE head's mask slots read: `chosen`, else the target's pad token, else its first eos.
+    Its embedding is the target's (frozen); the learned part of a mask slot is `mask_hidden`."""
+    if chosen is not None:
+        if not 0 <= chosen < target_config.vocab_size:
+            raise ValueError(
+                f"head.mask_token_id={chosen}: outside the target's vocab 0..{target_config.vocab_size - 1}"
+            )
+        return int(chosen)
+    for candidate in (getattr(target_config, "pad_token_id", None), getattr(target_config, "eos_token_id", None)):
+        if isinstance(candidate, (list, tuple)):
+            candidate = candidate[0] if candidate else None
+        if candidate is not None and 0 <= candidate < target_config.vocab_size:
+            return int(candidate)
+    return 0
 
 
 def target_problems(config: dict, target_config) -> list[str]:
@@ -298,6 +328,8 @@ class Eagle3Head(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        if cfg.parallel_drafting:  # what a mask slot reads in place of the target's aux states (vLLM: mask_hidden)
+            self.mask_hidden = nn.Parameter(torch.zeros(n_aux * Ht))
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer(
             "t2d",
@@ -306,6 +338,8 @@ class Eagle3Head(nn.Module):
             else torch.zeros(cfg.vocab_size, dtype=torch.bool),
         )
         self.apply(self._init)
+        if cfg.parallel_drafting:  # unit RMS per channel, like the aux states fc is trained on (not 0: fc_norm)
+            nn.init.normal_(self.mask_hidden, std=1.0)
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -344,6 +378,13 @@ class Eagle3Head(nn.Module):
         outlier = rms > self.config.fc_outlier_ratio * med
         self.fc_in_scale.copy_(torch.where(outlier, med / rms, torch.ones_like(rms)))
         return rms
+
+    def mask_inputs(self, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """What B x T mask slots read (P-EAGLE): token ids [B, T] of `mask_token_id` and hidden [B, T, H] =
+        fc(mask_hidden), as vLLM's parallel drafter builds them (`combine_hidden_states(mask_hidden)`)."""
+        ids = torch.full((B, T), self.config.mask_token_id, dtype=torch.long, device=self.mask_hidden.device)
+        hidden = self.fuse(self.mask_hidden.to(self.fc.weight.dtype)[None, None])  # [1, 1, H]
+        return ids, hidden.expand(B, T, -1)
 
     def fc_input(self, aux: torch.Tensor) -> torch.Tensor:
         """What fc reads: the aux states, through `input_norm` then the per-state `fc_norm`s where configured."""

@@ -57,6 +57,13 @@ class Family:
     memory: Ref  # memory(cfg, target HF config, activation bytes) -> (features, head activations) bytes, dry run
     inits: tuple[str, ...]  # the head.init values its `build` knows
     keys: tuple[str, ...]  # the head.* config keys it reads besides head.family and head.init
+    shares_features_of: str | None = None  # a family whose stored features (shards, cache) this one reads as they are
+
+    @property
+    def features_family(self) -> str:
+        """The family feature shards and the features cache are recorded under (one extraction serves both
+        EAGLE-3 and P-EAGLE)."""
+        return self.shares_features_of or self.name
 
     def problems(self, head_cfg, target_vocab_size: int) -> list[str]:
         """`key=value: why` for every head.* value this family cannot work with (train/config.py)."""
@@ -68,6 +75,9 @@ class Family:
                 f"head.draft_vocab_size={head_cfg.draft_vocab_size}: the draft vocab is a subset of the target's "
                 f"{target_vocab_size} tokens: use 1..{target_vocab_size} (8,192-32,000 is usual)"
             )
+        mask = getattr(head_cfg, "mask_token_id", None)
+        if "mask_token_id" in self.keys and mask is not None and not 0 <= mask < target_vocab_size:
+            out.append(f"head.mask_token_id={mask}: a token id of the target's vocab, 0..{target_vocab_size - 1}")
         if self.stage2 and head_cfg.stage == 2 and not head_cfg.init_from:
             out.append(
                 "head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set "
@@ -108,6 +118,18 @@ EAGLE3 = Family(
     ),
 )
 
+# P-EAGLE: an EAGLE-3 head whose draft steps after the first read mask slots, so vLLM drafts all k tokens in one
+# forward (`parallel_drafting: true`). Same features, module, vocab and exporter as EAGLE-3; the config's
+# parallel_drafting flag (set from head.family) switches the unroll, the export dialect and the reference drafter.
+PEAGLE = Family(
+    **{
+        **{f: getattr(EAGLE3, f) for f in EAGLE3.__dataclass_fields__},
+        "name": "peagle",
+        "keys": EAGLE3.keys + ("mask_token_id",),
+        "shares_features_of": "eagle3",
+    }
+)
+
 MLP_SPECULATOR = Family(
     name="mlp_speculator",
     config=Ref("draftsmith.train.heads.mlp_speculator:MLPSpeculatorConfig"),
@@ -128,7 +150,7 @@ MLP_SPECULATOR = Family(
     keys=("n_predict", "inner_dim", "tie_weights", "scale_input", "ttt_decay", "stage", "init_from"),
 )
 
-FAMILIES = {f.name: f for f in (EAGLE3, MLP_SPECULATOR)}
+FAMILIES = {f.name: f for f in (EAGLE3, PEAGLE, MLP_SPECULATOR)}
 NAMES = tuple(FAMILIES)
 UNRECORDED = "eagle3"  # the family of a head whose head.json / draftsmith.json names none (made before MLP heads)
 

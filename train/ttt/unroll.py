@@ -5,6 +5,10 @@ reads token x_{j+1+k} and (for k > 0) its own step k-1 output, sits at position 
 x_{j+2+k}, whose target distribution is the target's softmax at position j+1+k. Attention per step is
 in `heads/eagle3.py` (causal over step 0, diagonal over later steps): the context vLLM gives draft
 position k at inference.
+
+A P-EAGLE head (`head.config.parallel_drafting`) reads a mask slot at every step k > 0 instead (the mask token and
+fc(mask_hidden), `Eagle3Head.mask_inputs`): the same rows, positions, attention and targets, but no step depends on
+another's output, which is what lets vLLM draft the whole block in one forward.
 """
 
 from __future__ import annotations
@@ -76,11 +80,15 @@ def ttt_unroll(
         target_top[need] = d2t_ids[sub.argmax(-1)] if restricted else target_logits[need].argmax(-1)
     hidden = head.fuse(aux.to(head.fc.weight.dtype))  # [B, T, H] (a bf16 target's states into fp32 master weights)
     cache = head.ttt_cache()
+    parallel = getattr(head.config, "parallel_drafting", False)
     losses, accs, counts, agree = [], [], [], []
     total = aux.new_zeros(())
     for k in range(steps):
-        tokens = shift_left(input_ids, 1 + k)  # [B, T] x_{j+1+k}
-        hidden = head(tokens, positions + k, hidden, cache)  # [B, T, H]
+        if parallel and k > 0:  # a mask slot: neither the true token nor the previous step's output
+            tokens, step_in = head.mask_inputs(B, T)
+        else:
+            tokens, step_in = shift_left(input_ids, 1 + k), hidden  # [B, T] x_{j+1+k}; the previous output
+        hidden = head(tokens, positions + k, step_in, cache)  # [B, T, H]
         mask = shift_left(loss_mask, 2 + k) > 0  # [B, T] x_{j+2+k} is supervised (False past the end)
         logits = head.logits(hidden[mask]).float()  # [n, Vd]
         p = target_p[shift_left(slot, 1 + k, -1)[mask]]  # [n, Vd] target distribution at position j+1+k

@@ -1,0 +1,114 @@
+"""The batch-size axis of `draftsmith eval acceptance` and the k schedule made from it (fast; a served sweep in the
+slow tier)."""
+
+import json
+
+import pytest
+
+from draftsmith.eval.acceptance import ScheduleError, check_schedule, format_sweep, plot_sweep, read_schedule
+from draftsmith.eval.schedule import main as schedule_main
+from draftsmith.eval.schedule import make_schedule
+
+
+def test_check_schedule_refuses_what_vllm_would_read_otherwise():
+    assert check_schedule([[5, 16, 0], [1, 4, 3]], 3) == [[1, 4, 3], [5, 16, 0]]  # sorted
+    assert check_schedule([[1, 4, 3], [5, 16, 0]], 3, max_num_seqs=64) == [[1, 4, 3], [5, 64, 0]]
+    cases = {
+        "gap": ([[1, 4, 3], [6, 16, 2]], "batch sizes 5..5 are in no range"),
+        "overlap": ([[1, 8, 3], [5, 16, 2]], "batch sizes 5..8 are in two ranges"),
+        "start": ([[2, 16, 3]], "batch sizes 1..1 are in no range"),
+        "k above": ([[1, 16, 5]], "k=5 for batch sizes 1..16 is outside 0..3"),
+        "reversed": ([[4, 1, 3]], "range 4..1"),
+        "shape": ([[1, 16]], "is not \\[first, last, k\\]"),
+        "empty": ([], "non-empty list"),
+    }
+    for schedule, why in cases.values():
+        with pytest.raises(ScheduleError, match=why):
+            check_schedule(schedule, 3)
+
+
+def test_read_schedule_from_json_or_file(tmp_path):
+    assert read_schedule("[[1, 4, 3], [5, 16, 0]]") == [[1, 4, 3], [5, 16, 0]]
+    f = tmp_path / "schedule.json"
+    f.write_text(json.dumps({"num_speculative_tokens_per_batch_size": [[1, 8, 2]]}))
+    assert read_schedule(str(f)) == [[1, 8, 2]]
+    with pytest.raises(ScheduleError, match="not JSON"):
+        read_schedule("1-4:3")
+
+
+def sweep_result(k, speedups: dict[int, float], path="chat.jsonl"):
+    """An acceptance.json with a sweep: the head `h` at the given speed-ups over none per batch size."""
+    entries = []
+    for b, x in speedups.items():
+        row = {
+            "status": "ok",
+            "speedup_vs_none": x,
+            "tokens_per_target_step": 1.8,
+            "output_tokens_per_s": 10 * x,
+            "match_vs_none": 1.0,
+        }
+        none = {
+            "status": "ok",
+            "speedup_vs_none": 1.0,
+            "tokens_per_target_step": 1.0,
+            "output_tokens_per_s": 10.0,
+            "match_vs_none": None,
+        }
+        entries.append({"batch_size": b, "methods": {"none": none, "h": row}})
+    return {
+        "k": k,
+        "sweep": entries,
+        "engine": {"k_schedule": None},
+        "num_prompts": 4,
+        "prompts_file": path,
+        "max_tokens": 16,
+        "temperature": 0.0,
+    }
+
+
+def test_schedule_speculates_only_where_it_wins():
+    chat = sweep_result(3, {1: 1.6, 4: 1.2, 8: 0.95, 16: 0.8})
+    mt = sweep_result(3, {1: 1.4, 4: 1.05, 8: 0.9, 16: 0.7})
+    schedule, evidence = make_schedule([chat, mt], "h")
+    assert schedule == [[1, 4, 3], [5, 256, 0]]
+    assert [e["k"] for e in evidence] == [3, 3, 0, 0]
+    assert evidence[1]["speedup_by_k"]["3"] == pytest.approx((1.2 * 1.05) ** 0.5, abs=1e-3)
+    # with k=1 measured too, each batch size takes the faster k
+    k1 = sweep_result(1, {1: 1.3, 4: 1.25, 8: 1.1, 16: 0.9})
+    schedule, _ = make_schedule([sweep_result(3, {1: 1.6, 4: 1.2, 8: 0.95, 16: 0.8}), k1], "h")
+    assert schedule == [[1, 1, 3], [2, 8, 1], [9, 256, 0]]
+    with pytest.raises(ValueError, match="no method 'other'"):
+        make_schedule([chat], "other")
+    with pytest.raises(ValueError, match="no batch-size sweep"):
+        make_schedule([{"k": 3, "engine": {}}], "h")
+
+
+def test_schedule_cli_and_sweep_table(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    result = sweep_result(3, {1: 1.5, 8: 0.9})
+    (run / "acceptance.json").write_text(json.dumps(result))
+    out = tmp_path / "schedule.json"
+    assert schedule_main([str(run), "--head", "h", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 256, 0]]
+    assert "batch   8: k=3: 0.90x -> k=0" in capsys.readouterr().out
+    assert schedule_main([str(tmp_path / "nothing"), "--head", "h", "--out", str(out)]) == 2
+    table = format_sweep(result)
+    assert "| h | 1.80, 15.0, **1.50x** | 1.80, 9.0, **0.90x** | 1.00 |" in table
+    plot_sweep(result, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_bad_sweep_arguments_are_refused_before_any_engine(tmp_path):
+    from draftsmith.eval.acceptance import run_acceptance
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    common = dict(k=3, max_tokens=4, num_prompts=None, out_dir=str(tmp_path / "o"))
+    with pytest.raises(ValueError, match="above the engine's max_num_seqs=8"):
+        run_acceptance("smollm2", str(prompts), ["none"], {}, batch_sizes=[1, 16], max_num_seqs=8, **common)
+    with pytest.raises(ValueError, match="distinct integers >= 1"):
+        run_acceptance("smollm2", str(prompts), ["none"], {}, batch_sizes=[0, 4], **common)
+    with pytest.raises(ScheduleError, match="in no range"):
+        run_acceptance("smollm2", str(prompts), ["none"], {}, k_schedule=[[2, 4, 3]], **common)
+    assert not (tmp_path / "o").exists()

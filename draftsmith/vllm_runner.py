@@ -71,6 +71,40 @@ def counter_delta(after: dict, before: dict) -> dict:
     return delta
 
 
+def _install_draft_timer(worker) -> bool:
+    """Time the model runner's drafting call (every method's: the head's forward(s), suffix or n-gram lookup) on
+    this engine's worker; False where the runner has none (no speculation)."""
+    runner = worker.model_runner
+    propose = getattr(runner, "propose_draft_token_ids", None)
+    if propose is None or getattr(runner, "_draftsmith_timer", None) is not None:
+        return False
+    runner._draftsmith_timer = [0.0, 0]  # seconds, calls (one per engine step that drafts)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return propose(*args, **kwargs)
+        finally:
+            runner._draftsmith_timer[0] += time.perf_counter() - t0
+            runner._draftsmith_timer[1] += 1
+
+    runner.propose_draft_token_ids = timed
+    return True
+
+
+def _read_draft_timer(worker) -> list:
+    return list(getattr(worker.model_runner, "_draftsmith_timer", None) or [0.0, 0])
+
+
+def draft_timer(llm) -> tuple[float, int]:
+    """(seconds, calls) of drafting so far, summed over the engine's workers."""
+    try:
+        parts = llm.collective_rpc(_read_draft_timer)
+    except Exception:  # an engine in another process without the timer: no figure rather than no run
+        return 0.0, 0
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
 def versions() -> dict:
     import torch
     import transformers
@@ -102,6 +136,11 @@ def run(job: dict) -> dict:
     from draftsmith.vllm_fixes import apply as apply_vllm_fixes
 
     patches = apply_vllm_fixes()  # after start-up: the CPU kernels it checks are registered by then
+    if job["speculative_config"]:
+        try:
+            llm.collective_rpc(_install_draft_timer)
+        except Exception as e:  # noqa: BLE001 - the timer is a figure, not a reason to fail the method
+            print(f"draft timer not installed: {e}", flush=True)
 
     s = job["sampling"]
     params = SamplingParams(temperature=s["temperature"], max_tokens=s["max_tokens"], seed=s["seed"])
@@ -150,6 +189,7 @@ def generate_all(llm, prompts, params, batch: int, stream: bool = False) -> dict
     """Every prompt, `batch` concurrent requests per generate() call: the timed generation, its counters (after -
     before, so nothing the engine did earlier counts) and outputs."""
     before = read_spec_counters(llm)
+    draft_before = draft_timer(llm)
     outputs: list[list[int]] = []
     finish: list[str | None] = []
     generation_s = 0.0
@@ -170,9 +210,13 @@ def generate_all(llm, prompts, params, batch: int, stream: bool = False) -> dict
             seconds=round(generation_s, 2),
             batch_size=batch,
         )
+    draft_after = draft_timer(llm)
     return {
         "batch_size": batch,
         "generation_s": generation_s,
+        # the engine's drafting calls (one per step that drafts, for the whole batch) and their wall time
+        "draft_s": draft_after[0] - draft_before[0],
+        "draft_calls": draft_after[1] - draft_before[1],
         "counters_at_start": before,
         "counters": counter_delta(read_spec_counters(llm), before),
         "generated_tokens": sum(map(len, outputs)),

@@ -51,7 +51,8 @@ ENGINE_DEFAULTS = {
     # a sweep: every prompt once per batch size, in the same engine per method ([1, 4, 8, 16]); None = batch_size
     "batch_sizes": None,
     "max_num_seqs": None,  # the engine's most concurrent requests; None = vLLM's default
-    # heads only: vLLM's num_speculative_tokens_per_batch_size, [[lo, hi, k], ...] (k = 0: no drafting there)
+    # heads only: vLLM's num_speculative_tokens_per_batch_size, [[lo, hi, k], ...] (k = 0: no drafting there), for
+    # every head, or {head name: schedule} for some
     "k_schedule": None,
     # heads: None = as the export says (a P-EAGLE head drafts in parallel, an EAGLE-3 one step by step); True / False
     # insist, and a head not trained that way is refused
@@ -342,6 +343,9 @@ def _summarize(name: str, child: dict, spec: dict | None, reference: list[list[i
         tokens_per_target_step=tokens_per_step(gen, counters.get("num_accepted_tokens", 0)),
         counters=counters,
         counters_at_start=child["counters_at_start"],
+        # wall time of vLLM's drafting call per engine step that drafted (whole batch), and its share of generation
+        draft_ms_per_step=1e3 * child["draft_s"] / child["draft_calls"] if child.get("draft_calls") else None,
+        draft_share=child["draft_s"] / gen_s if child.get("draft_calls") and gen_s else None,
         torch_threads=child["torch_threads"],
         outputs=child["result_file"],
         match_vs_none=None,
@@ -392,7 +396,13 @@ def run_acceptance(
             f"batch sizes {too_big} above the engine's max_num_seqs={cap}: vLLM would run at most {cap} requests "
             f"at once and the figure would be that batch's, not the one asked for. Raise --max-num-seqs or drop them"
         )
-    schedule = check_schedule(settings["k_schedule"], k, cap) if settings["k_schedule"] is not None else None
+    schedule = settings["k_schedule"]
+    if schedule is not None:
+        per_head = schedule if isinstance(schedule, dict) else dict.fromkeys(heads, check_schedule(schedule, k, cap))
+        unknown_heads = sorted(set(per_head) - set(heads))
+        if unknown_heads:
+            raise ValueError(f"k schedules for {unknown_heads}, which are not heads of this run ({sorted(heads)})")
+        schedule = {n: check_schedule(x, k, cap) for n, x in per_head.items()}
     bad = [m for m in methods if m not in BASELINES]
     if bad:
         raise ValueError(f"unknown methods {bad}: choose from {list(BASELINES)} (heads go in `heads`)")
@@ -421,9 +431,8 @@ def run_acceptance(
     if settings["parallel_drafting"] is not None:
         for n in heads:
             check_parallel_drafting(n, heads[n], settings["parallel_drafting"])
-    if schedule is not None:  # the head reads its schedule; the training-free methods keep k
-        for n in heads:
-            spec[n]["num_speculative_tokens_per_batch_size"] = schedule
+    for n, rows in (schedule or {}).items():  # a head reads its schedule; the training-free methods keep k
+        spec[n]["num_speculative_tokens_per_batch_size"] = rows
 
     target = resolve_target(str(target))
     prompts = load_prompts(prompts_path, num_prompts)
@@ -565,9 +574,11 @@ def format_sweep(result: dict) -> str:
     lines = [
         f"k={result['k']}, {result['num_prompts']} prompts from `{Path(result['prompts_file']).name}`, "
         f"max_tokens={result['max_tokens']}, temperature={result['temperature']}"
-        + (f", k schedule {json.dumps(result['engine']['k_schedule'])}" if result["engine"].get("k_schedule") else ""),
+        + (f", k schedules {json.dumps(result['engine']['k_schedule'])}" if result["engine"].get("k_schedule") else ""),
         "",
-        "| method | " + " | ".join(f"batch {b}: tok/step, tok/s, vs none" for b in sizes) + " | outputs = none |",
+        "| method | "
+        + " | ".join(f"batch {b}: tok/step, tok/s, vs none, draft/step" for b in sizes)
+        + " | outputs = none |",
         "|---|" + "---|" * (len(sizes) + 1),
     ]
     for name in names:
@@ -577,9 +588,10 @@ def format_sweep(result: dict) -> str:
             if r["status"] != "ok":
                 cells.append("failed")
                 continue
+            draft = f", draft {r['draft_ms_per_step']:.1f} ms" if r.get("draft_ms_per_step") else ""
             cells.append(
                 f"{_fmt(r['tokens_per_target_step'])}, {_fmt(r['output_tokens_per_s'], '.1f')}, "
-                f"**{_fmt(r['speedup_vs_none'])}x**"
+                f"**{_fmt(r['speedup_vs_none'])}x**{draft}"
             )
             match.append(r["match_vs_none"])
         same = "ref" if name == "none" else (_fmt(min(match)) if match and None not in match else "—")

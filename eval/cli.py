@@ -130,10 +130,11 @@ def acceptance(argv: list[str]) -> int:
     p.add_argument("--max-num-seqs", type=int, default=None, help="the engine's most concurrent requests")
     p.add_argument(
         "--k-schedule",
-        default=None,
-        metavar="JSON|FILE",
+        action="append",
+        default=[],
+        metavar="[HEAD=]JSON|FILE",
         help="heads: vLLM's num_speculative_tokens_per_batch_size, e.g. '[[1,4,3],[5,256,0]]', or a schedule.json "
-        "from `draftsmith eval schedule`",
+        "from `draftsmith eval schedule`; HEAD=... for one head (repeatable), else for every head",
     )
     p.add_argument(
         "--kv-cache-gib",
@@ -163,7 +164,17 @@ def acceptance(argv: list[str]) -> int:
     from rich.console import Console
 
     try:
-        schedule = read_schedule(args.k_schedule) if args.k_schedule else None
+        schedule = None
+        for text in args.k_schedule:
+            name, sep, rest = text.partition("=")
+            if sep and name in dict(args.head):
+                schedule = {**(schedule or {}), name: read_schedule(rest)}
+            elif len(args.k_schedule) == 1:
+                schedule = read_schedule(text)
+            else:
+                raise ScheduleError(
+                    f"--k-schedule {text!r}: several schedules need HEAD=... each (heads: {', '.join(dict(args.head))})"
+                )
         result = run_acceptance(
             args.target,
             args.prompts,

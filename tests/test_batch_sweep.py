@@ -111,4 +111,69 @@ def test_bad_sweep_arguments_are_refused_before_any_engine(tmp_path):
         run_acceptance("smollm2", str(prompts), ["none"], {}, batch_sizes=[0, 4], **common)
     with pytest.raises(ScheduleError, match="in no range"):
         run_acceptance("smollm2", str(prompts), ["none"], {}, k_schedule=[[2, 4, 3]], **common)
+    with pytest.raises(ValueError, match="k schedules for \\['other'\\], which are not heads"):
+        run_acceptance("smollm2", str(prompts), ["none"], {}, k_schedule={"other": [[1, 4, 3]]}, **common)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_served_sweep_and_schedule_on_tiny_target(tiny_target_dir, tmp_path):
+    """One engine per method serves every batch size; a P-EAGLE head's schedule with k = 0 at batch 2 and up is
+    accepted by vLLM and drafts nothing there; greedy outputs equal no speculation's at every batch size."""
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_vllm_contract import make_head
+
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.export.vllm import export_eagle3
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    head = make_head(model, parallel_drafting=True, mask_token_id=2)
+    exported = export_eagle3(
+        head.trainable_state_dict(),
+        head.config,
+        tmp_path / "p",
+        verifier=str(tiny_target_dir),
+        k=3,
+        target_config=model.config,
+    )
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Count to {n}: one two three"}) + "\n" for n in range(4)))
+    common = dict(k=3, max_tokens=12, num_prompts=None, batch_sizes=[1, 2], max_num_seqs=4)
+    r = run_acceptance(
+        str(tiny_target_dir),
+        str(prompts),
+        ["none", "ngram"],
+        {"p": str(exported)},
+        out_dir=str(tmp_path / "sweep"),
+        **common,
+    )
+    assert [s["batch_size"] for s in r["sweep"]] == [1, 2]
+    for s in r["sweep"]:
+        for name in ("ngram", "p"):
+            row = s["methods"][name]
+            assert row["status"] == "ok", row
+            assert row["match_vs_none"] == 1.0 and row["speedup_vs_none"] > 0
+        assert s["methods"]["p"]["counters"]["num_drafts"] > 0  # fixed k=3: drafts at both sizes
+    assert (tmp_path / "sweep" / "sweep.md").is_file()
+    assert (tmp_path / "sweep" / "plots" / "speedup_vs_batch.png").is_file()
+    assert r["methods"]["p"]["speculative_config"]["parallel_drafting"] is True
+
+    sched = run_acceptance(
+        str(tiny_target_dir),
+        str(prompts),
+        ["none"],
+        {"p": str(exported)},
+        out_dir=str(tmp_path / "sched"),
+        k_schedule=[[1, 1, 3], [2, 4, 0]],
+        **common,
+    )
+    one, two = (s["methods"]["p"] for s in sched["sweep"])
+    assert one["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 4, 0]]
+    assert one["counters"]["num_drafts"] > 0 and one["match_vs_none"] == 1.0
+    # batch 2: k = 0 while both requests run (a request finishing early leaves a batch of 1, which drafts)
+    assert two["counters"]["num_drafts"] < one["counters"]["num_drafts"] and two["match_vs_none"] == 1.0

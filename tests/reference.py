@@ -9,7 +9,7 @@ def single_query_step(head, tok, pos, prev, cache):
 
     import torch.nn.functional as F
 
-    from draftsmith.train.heads.eagle3 import apply_rope, rope_cos_sin
+    from draftsmith.train.heads.eagle3 import apply_rope
 
     layer, attn = head.layers[0], head.layers[0].self_attn
     residual = prev
@@ -21,7 +21,7 @@ def single_query_step(head, tok, pos, prev, cache):
     q = attn.q_proj(x).view(B, 1, attn.nh, attn.hd).transpose(1, 2)
     k = attn.k_proj(x).view(B, 1, attn.nkv, attn.hd).transpose(1, 2)
     v = attn.v_proj(x).view(B, 1, attn.nkv, attn.hd).transpose(1, 2)
-    cos, sin = rope_cos_sin(pos, attn.hd, attn.theta, q.dtype)
+    cos, sin = attn.rope(pos, q.dtype)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rep = attn.nh // attn.nkv
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -32,3 +32,16 @@ def single_query_step(head, tok, pos, prev, cache):
     o = attn.o_proj((p @ Vv).transpose(1, 2).reshape(B, 1, -1))
     residual = residual + o
     return residual + layer.mlp(layer.post_attention_layernorm(residual))
+
+
+def record_proposals(drafter) -> list:
+    """Wrap `drafter.propose` so every proposal it makes is appended to the returned list (per decoding round)."""
+    proposals = []
+    propose = drafter.propose
+
+    def recorded(*args, **kwargs):
+        proposals.append(propose(*args, **kwargs))
+        return proposals[-1]
+
+    drafter.propose = recorded
+    return proposals

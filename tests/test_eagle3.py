@@ -289,3 +289,43 @@ def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model):
     assert [int(c) for c in out.counts] == [int(mask[:, 2 + k :].sum()) for k in range(3)]
     out.loss.backward()  # gradients flow through the gathered rows
     assert head.lm_head.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "default", "rope_theta": 10000.0},
+        {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 1024,
+        },
+        {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 512},
+    ],
+)
+def test_draft_rope_is_the_targets_rope(rope):
+    """The draft layer rotates keys with the target's rope type (llama3, yarn, ...), as vLLM's draft layer does:
+    its cos/sin equal transformers' rotary embedding for the same config."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    tc = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=4,
+        head_dim=32,
+        num_hidden_layers=6,
+        vocab_size=128,
+        intermediate_size=256,
+        max_position_embeddings=4096,
+        rope_parameters=rope,
+    )
+    head = Eagle3Head(Eagle3Config.from_target(tc, 32, [1, 3, 4]))
+    assert (head.config.rope_scaling is None) == (rope["rope_type"] == "default")
+    pos = torch.arange(0, 3000, 7)[None]
+    cos, sin = head.layers[0].self_attn.rope(pos, torch.float32)
+    ref_cos, ref_sin = LlamaRotaryEmbedding(tc)(torch.zeros(1, pos.shape[1], 128), pos)
+    torch.testing.assert_close(cos[:, 0], ref_cos, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sin[:, 0], ref_sin, atol=1e-5, rtol=1e-5)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from reference import single_query_step
+from reference import record_proposals, single_query_step
 
 from draftsmith.export.vllm import ExportError, export_eagle3, validate_export
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
@@ -208,9 +208,8 @@ def test_parallel_head_drafts_in_one_forward_as_trained(tiny_setup, tiny_target_
     torch.testing.assert_close(calls[0][:, d2t_ids], ours, atol=2e-3, rtol=2e-3)
 
     # every round: the reference decoder drafts what vLLM drafted, accepts what it accepted, outputs what it output
-    target, drafter, proposals = Target(model, AUX), Eagle3Drafter(head), []
-    propose = drafter.propose
-    drafter.propose = lambda *a, **kw: proposals.append(propose(*a, **kw)) or proposals[-1]
+    target, drafter = Target(model, AUX), Eagle3Drafter(head)
+    proposals = record_proposals(drafter)
     outputs, stats = decode_prompts(target, drafter, [prompt], k=3, max_tokens=len(got["generated"]))
     assert outputs[0] == got["generated"]
     served = [d2t_ids[c[:, d2t_ids].argmax(-1)].tolist() for c in calls]

@@ -196,14 +196,28 @@ class TargetEnds(nn.Module):
         def find(*names: str) -> str | None:
             return next((n for n in names if n in keys), None)
 
-        embed = find("model.embed_tokens.weight", "embed_tokens.weight")
-        norm = find("model.norm.weight", "norm.weight")
-        lm_head = find("lm_head.weight") or embed
-        if embed is None or norm is None:
-            raise ConfigError(
-                f"target {self.path}: no model.embed_tokens / model.norm weights among its tensors; "
-                "offline training knows Llama-style checkpoints (use data.features=online for others)"
+        # Llama / Qwen / Mistral / MoE layouts, then the multimodal wrappers (the text model under language_model)
+        prefixes = ("model.", "", "model.language_model.", "language_model.model.", "model.text_model.")
+        embed = find(*(p + "embed_tokens.weight" for p in prefixes))
+        norm = find(*(p + "norm.weight" for p in prefixes))
+        heads = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
+        lm_head = find(*heads)
+        tied = bool(getattr(self.config.get_text_config(), "tie_word_embeddings", False))
+        missing = [
+            f"{what} (one of {', '.join(names)})"
+            for what, found, names in (
+                ("the input embedding", embed, [p + "embed_tokens.weight" for p in prefixes]),
+                ("the final norm", norm, [p + "norm.weight" for p in prefixes]),
+                ("the lm_head (tie_word_embeddings is false)", lm_head or tied, heads),
             )
+            if not found
+        ]
+        if missing:
+            raise ConfigError(
+                f"target {self.path}: its safetensors hold no tensor for {'; '.join(missing)}. This checkpoint's "
+                "layout is not one offline training reads; data.features=online reads any layout transformers loads"
+            )
+        lm_head = lm_head or embed  # tied: the embedding is the output matrix
         return {"embed": embed, "norm": norm, "lm_head": lm_head}
 
     def _read(self, name: str, rows: torch.Tensor | None = None) -> torch.Tensor:

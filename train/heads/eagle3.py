@@ -167,12 +167,37 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Default (unscaled) RoPE tables for positions [B, T] -> cos, sin [B, 1, T, head_dim]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions[..., None].float() * inv_freq  # [B, T, hd/2]
+def rope_inv_freq(cfg: "Eagle3Config") -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [head_dim/2], attention scale) of the draft layer's RoPE: the target's own rope type
+    (llama3, yarn, linear, longrope, ... as transformers and vLLM compute them), so a head trained here rotates its
+    keys as vLLM's draft layer does. Dynamic scaling depends on the sequence length and is refused."""
+    hd = cfg.head_dim
+    kind = (cfg.rope_scaling or {}).get("rope_type") or (cfg.rope_scaling or {}).get("type") or "default"
+    if kind == "default":
+        return 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)), 1.0
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if kind not in ROPE_INIT_FUNCTIONS or kind == "dynamic":
+        raise ValueError(f"rope_type {kind!r}: the draft layer supports default, {', '.join(ROPE_INIT_FUNCTIONS)}")
+    lc = LlamaConfig(
+        hidden_size=cfg.num_attention_heads * hd,
+        num_attention_heads=cfg.num_attention_heads,
+        head_dim=hd,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters={"rope_theta": cfg.rope_theta, **cfg.rope_scaling, "rope_type": kind},
+    )
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](lc, torch.device("cpu"))
+    return inv_freq.float(), float(scale)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables for positions [B, T] -> cos, sin [B, 1, T, head_dim] (`rope_inv_freq`'s frequencies)."""
+    freqs = positions[..., None].to(inv_freq.dtype) * inv_freq  # [B, T, hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [B, T, hd]  (HF "rotate_half" layout, as vLLM's neox style)
-    return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
+    return (emb.cos() * scale)[:, None].to(dtype), (emb.sin() * scale)[:, None].to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -191,14 +216,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_features, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
-        self.theta = cfg.rope_theta
+        inv_freq, self.rope_scale = rope_inv_freq(cfg)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # not a checkpoint key: derived from the config
+
+    def rope(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(positions, self.inv_freq, self.rope_scale, dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: list | LayerKV) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)  # [B, nh, T, hd]
         k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)  # [B, nkv, T, hd]
         v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, self.hd, self.theta, q.dtype)
+        cos, sin = self.rope(positions, q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         rep = self.nh // self.nkv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # [B, nh, T, hd]

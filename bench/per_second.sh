@@ -8,12 +8,12 @@
 # EAGLE3_RUN is a `draftsmith quickstart` output dir (its exported head, held-out prompts and plan.json). The P-EAGLE
 # head is trained with that plan's overrides and nothing else: the quickstart's own command with conf=peagle_smollm2
 # (the same turns, training minutes and features, which the two families share). Overrides this harness adds to
-# `eval acceptance`: --num-prompts (NUM_PROMPTS, default 16) and --batch-sizes 1,4,8,16; everything else is the
+# `eval acceptance`: --num-prompts (NUM_PROMPTS, default 12) and --batch-sizes 1,4,8,16; everything else is the
 # command's default (k=3, 128 tokens, greedy).
 set -euo pipefail
 RUN=$(realpath "$1")
 OUT=$2
-NUM_PROMPTS=${NUM_PROMPTS:-16}
+NUM_PROMPTS=${NUM_PROMPTS:-12}
 SIZES=${SIZES:-1,4,8,16}
 WORKLOADS=${WORKLOADS:-chat mtbench code}
 mkdir -p "$OUT"

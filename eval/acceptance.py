@@ -48,7 +48,7 @@ ENGINE_DEFAULTS = {
     "threads": None,  # OMP_NUM_THREADS per engine; None = the environment's value, else 1 (see below)
     "timeout_s": None,  # per method; a method past it is killed and reported as failed
     "warmup_tokens": 16,  # an untimed request on the first prompt's first N tokens (0 = none)
-    # a sweep: every prompt once per batch size, in the same engine per method ([1, 4, 8, 16]); None = batch_size
+    # a sweep: every prompt once per batch size ([1, 4, 8, 16]), a fresh engine per method and size; None = batch_size
     "batch_sizes": None,
     "max_num_seqs": None,  # the engine's most concurrent requests; None = vLLM's default
     # heads only: vLLM's num_speculative_tokens_per_batch_size, [[lo, hi, k], ...] (k = 0: no drafting there), for
@@ -287,7 +287,6 @@ def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float
     if timer:
         timer.start()
     tail: list[str] = []
-    sizes_done, size = 0, None  # a batch-size sweep runs the prompts once per size
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line-buffered: tail -f works
         for line in proc.stdout:
             log.write(line)
@@ -298,13 +297,10 @@ def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float
             if ev["event"] == "engine_ready":
                 say(f"  [bold]{name}[/]: engine ready in {ev['seconds']:.1f} s")
             elif ev["event"] == "progress":
-                if size is not None and ev.get("batch_size") != size:
-                    sizes_done += 1
-                size = ev.get("batch_size")
-                at = f" at batch {size}" if job.get("batch_sizes") else ""
+                at = f" at batch {ev['batch_size']}" if ev.get("batch_size", 1) > 1 else ""
                 progress.update(
                     task,
-                    completed=done_before + sizes_done * ev["total"] + ev["done"],
+                    completed=done_before + ev["done"],
                     description=f"{name}: {ev['done']}/{ev['total']} prompts{at}, {ev['tokens']} tokens",
                 )
     rc = proc.wait()
@@ -487,13 +483,24 @@ def run_acceptance(
                 "sampling": {"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
                 "engine": {**llm_kwargs, **head_engine_kwargs(name, heads, hybrid_of, runs_dir, force)},
                 "batch_size": settings["batch_size"],
-                "batch_sizes": sizes,
                 "warmup_tokens": settings["warmup_tokens"],
             }
             if name in hybrid_of:
                 job["hybrid_stats"] = str(_hybrid_stats_path(runs_dir, name))
             t0 = time.perf_counter()
-            children[name] = _run_child(name, job, runs_dir, env, settings["timeout_s"], progress, task)
+            if not sizes:
+                children[name] = _run_child(name, job, runs_dir, env, settings["timeout_s"], progress, task)
+            else:  # a fresh engine per batch size: no prefix cache or suffix tree from the sizes before
+                parts = []
+                for b in sizes:
+                    part = _run_child(
+                        f"{name}.bs{b}", {**job, "batch_size": b}, runs_dir, env, settings["timeout_s"], progress, task
+                    )
+                    parts.append(part)
+                    if "error" in part:
+                        break
+                failed = next((p for p in parts if "error" in p), None)
+                children[name] = failed or {**parts[0], "sweep": parts}
             children[name]["process_s"] = time.perf_counter() - t0
         progress.update(task, completed=len(names) * len(prompts) * len(sizes or [1]), description="done")
 

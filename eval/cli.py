@@ -8,7 +8,8 @@ r"""`draftsmith eval acceptance`: measure draft acceptance in real vLLM speculat
 Writes OUT/acceptance.json (every figure, versions, exact speculative configs), OUT/acceptance.md and
 OUT/runs/ (per method: the job, vLLM's log, the generated token ids).
 
-With --batch-sizes 1,4,8,16 every method's engine serves the prompts once per batch size (concurrent requests):
+With --batch-sizes 1,4,8,16 every method serves the prompts once per batch size (concurrent requests), a fresh engine
+each time (a warm one would serve repeated prompts from its prefix cache, and suffix decoding from answers it saw):
 OUT/sweep.md, OUT/plots/speedup_vs_batch.png and acceptance.json's "sweep". `draftsmith eval schedule` turns such
 runs into the k per batch size that serves a head fastest, which --k-schedule serves.
 
@@ -118,7 +119,7 @@ def acceptance(argv: list[str]) -> int:
         "--batch-sizes",
         default=None,
         metavar="1,4,8,16",
-        help="a sweep: every prompt once per batch size, one engine per method (OUT/sweep.md and a plot)",
+        help="a sweep: every prompt once per batch size, a fresh engine each (OUT/sweep.md and a plot)",
     )
     p.add_argument(
         "--parallel-drafting",

@@ -118,7 +118,7 @@ def test_bad_sweep_arguments_are_refused_before_any_engine(tmp_path):
 
 @pytest.mark.slow
 def test_served_sweep_and_schedule_on_tiny_target(tiny_target_dir, tmp_path):
-    """One engine per method serves every batch size; a P-EAGLE head's schedule with k = 0 at batch 2 and up is
+    """A fresh engine per method and batch size; a P-EAGLE head's schedule with k = 0 at batch 2 and up is
     accepted by vLLM and drafts nothing there; greedy outputs equal no speculation's at every batch size."""
     import sys
 

@@ -48,6 +48,43 @@ def _ends(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat[:1024], flat[-1024:]]).to(torch.bfloat16).cpu()
 
 
+def checkpoint_files(path: str) -> dict[str, str] | None:
+    """tensor name -> the safetensors file holding it (one file or a sharded index); None without safetensors."""
+    import json
+    from pathlib import Path
+
+    root = Path(path)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: str(root / f) for k, f in json.loads(index.read_text())["weight_map"].items()}
+    single = root / "model.safetensors"
+    if not single.is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as h:
+        return {k: str(single) for k in h.keys()}
+
+
+def stored_weight_ends(files: dict[str, str], dtype: torch.dtype):
+    """(name, shape, ends) of every tensor a checkpoint stores, read a few rows at a time: the identity of the weights
+    as stored, whatever the model class makes of them in memory (a MoE's experts are fused on load, a tied lm_head
+    is not stored)."""
+    from safetensors import safe_open
+
+    for name in sorted(files):
+        with safe_open(files[name], framework="pt") as h:
+            sl = h.get_slice(name)
+            shape = tuple(sl.get_shape())
+            if not shape:
+                continue
+            cols = 1 if len(shape) == 1 else int(torch.tensor(shape[1:]).prod())
+            k = -(-1024 // cols)  # rows holding the first / last 1,024 values
+            head, tail = sl[:k].to(dtype), sl[max(0, shape[0] - k) :].to(dtype)
+        flat_head, flat_tail = head.reshape(-1)[:1024], tail.reshape(-1)[-1024:]
+        yield name, shape, torch.cat([flat_head, flat_tail]).to(torch.bfloat16)
+
+
 class Target(nn.Module):
     """A frozen HF causal LM that returns the features a draft head trains on."""
 
@@ -56,6 +93,7 @@ class Target(nn.Module):
         self.model = model.eval().requires_grad_(False)
         self.config = model.config
         self.aux_layer_ids, self.pad_id = _aux_ids_and_pad(self.config, aux_layer_ids)
+        self.source: str | None = None  # the checkpoint dir it was loaded from (from_pretrained)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -67,7 +105,12 @@ class Target(nn.Module):
         return weight if ids is None else weight[ids]
 
     def weight_ends(self):
-        """(name, shape, ends) of every parameter, tied ones once: what the features fingerprint hashes."""
+        """What the features fingerprint hashes: the checkpoint's stored tensors when loaded from one (as TargetEnds
+        reads them), else every parameter, tied ones once."""
+        files = checkpoint_files(self.source) if self.source else None
+        if files:
+            yield from stored_weight_ends(files, self.dtype)
+            return
         for name, p in sorted(self.model.named_parameters()):
             yield name, tuple(p.shape), _ends(p)
 
@@ -76,7 +119,9 @@ class Target(nn.Module):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
-        return cls(model, aux_layer_ids)
+        target = cls(model, aux_layer_ids)
+        target.source = str(name_or_path)
+        return target
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -171,23 +216,13 @@ class TargetEnds(nn.Module):
 
     def _weight_files(self) -> dict[str, str]:
         """tensor name -> the safetensors file holding it (one file, or a sharded index)."""
-        import json
-        from pathlib import Path
-
-        root = Path(self.path)
-        index = root / "model.safetensors.index.json"
-        if index.is_file():
-            return {k: str(root / f) for k, f in json.loads(index.read_text())["weight_map"].items()}
-        single = root / "model.safetensors"
-        if not single.is_file():
+        files = checkpoint_files(self.path)
+        if files is None:
             raise ConfigError(
                 f"target.name_or_path={self.path}: no model.safetensors (or index) to read the "
                 "embedding and lm_head from; offline training reads safetensors checkpoints only"
             )
-        from safetensors import safe_open
-
-        with safe_open(str(single), framework="pt") as h:
-            return {k: str(single) for k in h.keys()}
+        return files
 
     def _param_names(self) -> dict[str, str]:
         """Where the embedding, final norm and lm_head live in this checkpoint (tied: the embedding's)."""
@@ -256,21 +291,7 @@ class TargetEnds(nn.Module):
 
     def weight_ends(self):
         """The same (name, shape, ends) as Target.weight_ends, read from the checkpoint without loading it."""
-        from safetensors import safe_open
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            meta = AutoModelForCausalLM.from_config(self.config)  # parameter names and shapes, tied ones once
-        for name, p in sorted(meta.named_parameters()):
-            stored = name if name in self._files else self._names["embed"]  # a tied lm_head is stored as the embedding
-            with safe_open(self._files[stored], framework="pt") as h:
-                sl = h.get_slice(stored)
-                shape = tuple(sl.get_shape())
-                cols = 1 if len(shape) == 1 else int(torch.tensor(shape[1:]).prod())
-                k = -(-1024 // cols)  # rows holding the first / last 1,024 values
-                head, tail = sl[:k].to(self._dtype), sl[max(0, shape[0] - k) :].to(self._dtype)
-            flat_head, flat_tail = head.reshape(-1)[:1024], tail.reshape(-1)[-1024:]
-            yield name, tuple(p.shape), torch.cat([flat_head, flat_tail]).to(torch.bfloat16)
+        return stored_weight_ends(self._files, self._dtype)
 
     def features(self, *args, **kwargs):
         raise ConfigError(

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from reference import single_query_step
+from test_architectures import ROPE_LLAMA3
 
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target, default_aux_layer_ids
@@ -295,14 +296,7 @@ def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model):
     "rope",
     [
         {"rope_type": "default", "rope_theta": 10000.0},
-        {
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 1024,
-        },
+        ROPE_LLAMA3,  # the Llama-3.x target of tests/test_architectures.py
         {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 512},
     ],
 )

@@ -57,12 +57,13 @@ def load_speculator(head_dir: str | os.PathLike, device="cpu", dtype=torch.float
     """Our MLPSpeculator module from an exported HF MLPSpeculatorPreTrainedModel directory (validated)."""
     from safetensors.torch import load_file
 
-    from draftsmith.export.mlp import config_from_hf, validate_mlp_export
+    from draftsmith.export.mlp import config_from_hf, validate_mlp_export, vocab_map
     from draftsmith.train.heads.mlp_speculator import MLPSpeculator
 
-    config = validate_mlp_export(head_dir)
+    config = validate_mlp_export(head_dir)  # a draft vocab's map is checked against the config's vocab here
     head = MLPSpeculator(config_from_hf(config))
     state = {k[len("speculator.") :]: v for k, v in load_file(Path(head_dir) / "model.safetensors").items()}
+    state.update(vocab_map(head_dir))  # d2t / t2d of a draft-vocab speculator: picks map back to target ids
     missing = head.load_state_dict(state, strict=False)
     assert set(missing.missing_keys) <= set(head.state_dict()) - set(head.trainable_state_dict()), missing
     return head.to(device=device, dtype=dtype).eval()
@@ -93,9 +94,20 @@ class MLPSpeculatorProposer:
         n = self.head.config.n_predict
         if self.k > n:
             raise ValueError(f"num_speculative_tokens={self.k} but the speculator at {self.head_dir} has {n} heads")
-        hidden = self.vllm_config.model_config.hf_config.hidden_size
-        if hidden != self.head.config.emb_dim:
-            raise ValueError(f"speculator emb_dim {self.head.config.emb_dim} != target hidden size {hidden}")
+        hf = self.vllm_config.model_config.hf_config
+        problems = [
+            f"{what} {mine} != the target's {theirs}"
+            for what, mine, theirs in (
+                ("emb_dim", self.head.config.emb_dim, hf.hidden_size),
+                ("vocab_size", self.head.config.vocab_size, getattr(hf, "vocab_size", self.head.config.vocab_size)),
+            )
+            if mine != theirs
+        ]
+        if problems:
+            vocab = " (its draft vocab maps rows to ids of that vocab)" if self.head.config.reduced else ""
+            raise ValueError(
+                f"the MLP speculator at {self.head_dir} was trained for another target: {'; '.join(problems)}{vocab}"
+            )
         target_model.register_forward_hook(self._capture, with_kwargs=True)
 
     def _capture(self, module, args, kwargs, output) -> None:

@@ -234,15 +234,18 @@ class MLPSpeculatorDrafter(HeadDrafter):
         out, probs, own = [], [], []
         for i in range(min(k, self.head.config.n_predict)):
             state = self.head.step(i, state, token)  # [1, D]
-            logits = self.head.logits(i, state)[0]  # [V]
+            logits = self.head.logits(i, state)[0]  # [Vd] (the target's vocab without a draft vocab)
             if temperature == 0 or self.draft_sampling == "greedy":
-                tok, q = int(logits.argmax()), None
+                row, q = int(logits.argmax()), None
             else:
-                q = target_probs(logits, temperature)
-                tok = _sample(q, generator)
+                q_d = target_probs(logits, temperature)  # [Vd]
+                row = _sample(q_d, generator)
+                d2t = self.head.draft_to_target
+                q = q_d if d2t is None else torch.zeros(self.head.config.vocab_size, dtype=q_d.dtype).index_add_(0, d2t, q_d)
+            tok = int(self.head.to_target(torch.tensor(row)))  # the pick as a target id
             out.append(tok)
             probs.append(q)
-            own.append(float(torch.softmax(logits.float(), dim=-1)[tok]))
+            own.append(float(torch.softmax(logits.float(), dim=-1)[row]))
             token = torch.tensor([tok])
         return Proposal(
             out, None if not probs or probs[0] is None else torch.stack(probs), chain_score(own), confidences=own

@@ -400,9 +400,8 @@ def test_compressed_shards_read_back_exactly_and_train_the_same(tiny_target_dir,
 def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_target_dir, data_file, tmp_path):
     """data.features=offline and no features_dir: the run extracts its own features before its clock starts, keyed
     by target and samples under the cache; a second run with the same data reads them back and logs the same losses."""
-    env = {**os.environ, "DRAFTSMITH_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
-
-    def run(name):
+    def run(name, *extra, cache="cache"):
+        env = {**os.environ, "DRAFTSMITH_CACHE": str(tmp_path / cache), "WANDB_MODE": "disabled"}
         args = overrides(
             tiny_target_dir,
             data_file,
@@ -410,6 +409,7 @@ def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_tar
             "data.features=offline",
             "data.features_dtype=bf16",
             "optim.max_steps=4",
+            *extra,
         )
         proc = subprocess.run(
             [sys.executable, str(ROOT / "train" / "run.py"), *args],
@@ -437,6 +437,18 @@ def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_tar
     assert [r["loss"] for r in a] == [r["loss"] for r in b] and len(a) == 4
     assert a[-1]["target_tokens"] == 0 and b[-1]["target_tokens"] == 0
     assert f"features_dir: {dirs[0]}" in (tmp_path / "b" / "config.yaml").read_text()  # the run records where they were
+
+    # an MLP speculator on the same samples reads the EAGLE-3 extraction (it holds the final hidden states) and
+    # trains exactly as on an extraction of its own, which holds nothing else
+    mlp = ("head=mlp", "head.inner_dim=64", "head.draft_vocab_size=512")
+    out_c, c = run("c", *mlp)
+    assert f"features: extracted earlier for eagle3 heads, which store this head's too, {dirs[0]}" in out_c
+    assert "extracting" not in out_c and c[-1]["target_tokens"] == 0
+    out_d, d = run("d", *mlp, cache="cache_mlp")
+    own = list((tmp_path / "cache_mlp" / "features").iterdir())
+    assert "extracting" in out_d and len(own) == 1 and own[0].name.endswith("-mlp_speculator-bf16")
+    assert load_manifest(own[0])["fields"] == ["last"]
+    assert [r["loss"] for r in c] == pytest.approx([r["loss"] for r in d], rel=1e-5) and len(c) == 4
 
 
 def test_features_of_more_aux_layers_train_a_run_on_some_of_them(tiny_target_dir, data_file, tmp_path):

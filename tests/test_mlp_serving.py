@@ -92,3 +92,33 @@ def test_right_drafts_are_accepted(tiny_target_dir, heads, tmp_path):
     assert rate > 0.8, m  # the tiny target repeats its token; a speculator that copies it is accepted
     per_pos = [a / m["vllm:spec_decode_num_drafts"] for a in m["vllm:spec_decode_num_accepted_tokens_per_pos"]]
     assert min(per_pos) > 0.7, per_pos
+
+
+def test_draft_vocab_speculator_is_served_through_its_map(tiny_target_dir, heads, tmp_path):
+    """A speculator whose heads have one row per token of a draft vocab: the plugin maps each pick to its target id
+    (without the map every draft would be the row index, a wrong token, and nothing would be accepted)."""
+    from transformers import AutoConfig
+
+    from draftsmith.train.data.vocab import build_draft_vocab
+
+    _, _, greedy = heads
+    tc = AutoConfig.from_pretrained(tiny_target_dir)
+    toks = sorted({t for g in greedy for t in g})
+    counts = torch.zeros(tc.vocab_size, dtype=torch.long)
+    counts[toks] = 1
+    vocab = build_draft_vocab(counts, len(toks))
+    cfg = MLPSpeculatorConfig.from_target(tc, inner_dim=64, n_predict=3, draft_vocab_size=len(toks))
+    full = copy_head(MLPSpeculatorConfig.from_target(tc, inner_dim=64, n_predict=3), toks)
+    head = MLPSpeculator(cfg)
+    head.set_vocab(vocab.d2t, vocab.t2d)
+    state = full.trainable_state_dict()
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.copy_(state[name][toks] if name.startswith("head.") else state[name])  # the rows of the draft vocab
+    out = export_mlp_speculator(head.trainable_state_dict(), cfg, tmp_path / "reduced", target_config=tc)
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == len(toks) < toks[-1]
+    got = probe(tiny_target_dir, out, tmp_path)
+    assert got["outputs"] == greedy
+    assert all(set(c["drafts"].flatten().tolist()) <= set(toks) for c in got["calls"])
+    m = got["metrics"]
+    assert m["vllm:spec_decode_num_accepted_tokens"] / m["vllm:spec_decode_num_draft_tokens"] > 0.8, m

@@ -150,3 +150,95 @@ def test_export_round_trip_and_refusals(tmp_path, tie):
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(ExportError):
         validate_mlp_export(out)
+
+
+def reduced_head(vocab_size=97, rows=(0, 3, 5, 8, 13, 21, 34, 55, 89), **kw):
+    """A speculator whose heads predict over `rows` (target ids) of a `vocab_size` vocab."""
+    from draftsmith.train.data.vocab import build_draft_vocab
+
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    counts[list(rows)] = torch.arange(len(rows), 0, -1)
+    vocab = build_draft_vocab(counts, len(rows))
+    cfg = MLPSpeculatorConfig(emb_dim=16, vocab_size=vocab_size, inner_dim=16, draft_vocab_size=len(rows), **kw)
+    torch.manual_seed(2)
+    head = MLPSpeculator(cfg)
+    head.set_vocab(vocab.d2t, vocab.t2d)
+    return head, torch.tensor(sorted(rows))
+
+
+def test_draft_vocab_heads_predict_rows_mapped_to_target_ids():
+    head, rows = reduced_head()
+    assert head.head[0].weight.shape == (9, 16) and head.emb[0].weight.shape == (97, 16)  # inputs keep the vocab
+    assert torch.equal(head.draft_to_target, rows)
+    state, token = torch.randn(6, 16), torch.randint(0, 97, (6,))
+    got = head.propose(state, token)  # [6, 3] target ids
+    for r in range(6):  # the chain written out: argmax row -> its target id -> the next stage's embedding
+        s, t = head.prepare(state[r : r + 1]), token[r : r + 1]
+        for i in range(3):
+            s = head.step(i, s, t)
+            t = rows[head.logits(i, s).argmax(-1)]
+            assert int(got[r, i]) == int(t)
+    assert set(got.flatten().tolist()) <= set(rows.tolist())
+    # the loss: labels become rows; a label outside the draft vocab adds nothing and is a miss, still counted
+    B, T = 2, 8
+    last = torch.randn(B, T, 16)
+    ids = rows[torch.randint(0, 9, (B, T))]
+    ids[0, 4] = 1  # not in the draft vocab
+    mask = torch.ones(B, T)
+    out = per_head_loss(head, last, ids, mask, [1.0, 1.0, 1.0])
+    ces, n = [], 0
+    for b in range(B):
+        for t in range(T - 2):
+            n += 1
+            if int(ids[b, t + 2]) == 1:
+                continue
+            lg = head.logits(0, head.step(0, head.prepare(last[b, t][None]), ids[b, t + 1][None]))
+            ces.append(F.cross_entropy(lg, (rows == ids[b, t + 2]).nonzero()[0]))
+    assert out.counts[0].item() == n == len(ces) + 1
+    torch.testing.assert_close(out.losses[0], torch.stack(ces).sum() / n, atol=1e-5, rtol=1e-5)
+
+
+def test_draft_vocab_export_round_trip_and_refusals(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaConfig
+
+    from draftsmith.eval.reference_decoder import MLPSpeculatorDrafter
+    from draftsmith.export.mlp import VOCAB_FILE, export_mlp_speculator, read_export, validate_mlp_export
+    from draftsmith.export.vllm import ExportError
+    from draftsmith.vllm_plugin import load_speculator
+
+    head, rows = reduced_head()
+    tc = LlamaConfig(vocab_size=97, hidden_size=16, num_hidden_layers=2, num_attention_heads=2)
+    out = export_mlp_speculator(head.trainable_state_dict(), head.config, tmp_path / "x", target_config=tc)
+    config = validate_mlp_export(out, tc)
+    assert config["draft_vocab_size"] == 9 and config["vocab_size"] == 97
+    assert load_file(out / "model.safetensors")["speculator.head.0.weight"].shape == (9, 16)
+    assert set(load_file(out / VOCAB_FILE)) == {"d2t", "t2d"}
+    back = load_speculator(out)  # what our vLLM plugin serves
+    state, token = torch.randn(5, 16), torch.randint(0, 97, (5,))
+    assert torch.equal(back.propose(state, token), head.propose(state, token))
+    cfg_back, tensors = read_export(out)  # the reference decoder's path
+    assert cfg_back["draft_vocab_size"] == 9 and torch.equal(tensors["d2t"], head.d2t)
+
+    # the reference drafter emits target ids, and its sampled distribution sits on the draft vocab's ids
+    drafter = MLPSpeculatorDrafter(back, draft_sampling="sample")
+    drafter.last, drafter.last_pos = state[0], 3
+    prop = drafter.propose([1, 2, 3, 4, 5], 3, 1.0, torch.Generator().manual_seed(0))
+    assert set(prop.tokens) <= set(rows.tolist())
+    assert prop.probs.shape == (3, 97) and torch.allclose(prop.probs[:, rows].sum(-1), torch.ones(3, dtype=torch.float64))
+
+    maps = load_file(out / VOCAB_FILE)
+    bad = dict(maps, t2d=torch.zeros(96, dtype=torch.bool))  # a map made for another vocab
+    save_file(bad, out / VOCAB_FILE)
+    with pytest.raises(ExportError, match=r"t2d must be bool \[97\]"):
+        load_speculator(out)
+    (out / VOCAB_FILE).unlink()
+    with pytest.raises(ExportError, match="draft_vocab.safetensors, the map of its rows to target ids, is missing"):
+        validate_mlp_export(out)
+    other = LlamaConfig(vocab_size=96, hidden_size=16, num_hidden_layers=2, num_attention_heads=2)
+    with pytest.raises(ExportError, match="vocab_size head=97 target=96"):
+        export_mlp_speculator(head.trainable_state_dict(), head.config, tmp_path / "y", target_config=other)
+    state = dict(head.trainable_state_dict(), d2t=head.d2t.flip(0))
+    with pytest.raises(ExportError, match="out of order"):
+        export_mlp_speculator(state, head.config, tmp_path / "z", target_config=tc)
+    assert not (tmp_path / "y").exists() and not (tmp_path / "z").exists()

@@ -31,7 +31,6 @@ def run_mlp(tiny_target_dir, data_file, out_dir, *overrides, cache=None):
         "data.max_length=96",
         "data.max_tokens_per_batch=512",
         "data.max_batch_size=4",
-        "head.draft_vocab_size=512",
         "head.inner_dim=64",
         "head.init=random",
         "optim.max_steps=6",
@@ -102,3 +101,42 @@ def test_two_stages_resume_and_export(tiny_target_dir, data_file, tmp_path, smol
     tensors = load_file(tmp_path / "exported" / "model.safetensors")
     for k in a:
         torch.testing.assert_close(tensors["speculator." + k], a[k], rtol=0, atol=0)
+
+
+def test_draft_vocab_from_stored_features(tiny_target_dir, data_file, tmp_path):  # noqa: F811
+    """head.draft_vocab_size=N on stored final hidden states: heads of N rows, their map in the checkpoint, the
+    export and the reference decoder, which emits only the map's target ids."""
+    from transformers import AutoConfig
+
+    from draftsmith.eval.reference_decoder import MLPSpeculatorDrafter
+    from draftsmith.export.mlp import VOCAB_FILE, read_export
+    from draftsmith.train.checkpoint import head_from_state
+    from draftsmith.train.heads import families
+
+    out = tmp_path / "reduced"
+    proc = run_mlp(
+        tiny_target_dir,
+        data_file,
+        out,
+        "head.draft_vocab_size=512",
+        "data.features=offline",
+        "data.features_dtype=fp32",
+        cache=tmp_path / "cache",
+    )
+    assert "draft vocab 512 covers" in proc.stdout and "features: extracting" in proc.stdout
+    w = load_file(out / "checkpoints" / "step_00000006" / "head.safetensors")
+    assert w["head.0.weight"].shape == (512, 64) and w["emb.0.weight"].shape == (49152, 64)
+    ids = torch.arange(512) + w["d2t"]
+    assert bool((ids[1:] > ids[:-1]).all()) and int(w["t2d"].sum()) == 512
+
+    from draftsmith.cli import main
+
+    assert main(["export", "--format", "vllm", str(out), str(tmp_path / "exported")]) == 0
+    assert (tmp_path / "exported" / VOCAB_FILE).is_file()
+    config, state = read_export(tmp_path / "exported")
+    head = head_from_state(families.get("mlp_speculator"), config, state, "export")
+    assert torch.equal(head.draft_to_target, ids)
+    tc = AutoConfig.from_pretrained(tiny_target_dir)
+    drafter = MLPSpeculatorDrafter(head)
+    drafter.last, drafter.last_pos = torch.randn(tc.hidden_size), 2
+    assert set(drafter.propose([5, 6, 7, 8], 3, 0.0, None).tokens) <= set(ids.tolist())

@@ -294,7 +294,7 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
             + (f"; {a['held_out_ids']} left out: data.path holds their ids out" if a["held_out_ids"] else "")
         )
     vocab, stats, line = None, dict(data.stats), ""
-    if families.get(cfg.head.family).draft_vocab:
+    if families.get(cfg.head.family).uses_draft_vocab(cfg.head):
         pinned = sorted(special_ids(tokenizer))
         vocab = build_draft_vocab(data.counts, cfg.head.draft_vocab_size, pinned_ids=pinned)
         stats["draft_vocab_coverage"] = coverage = vocab.coverage(data.counts)
@@ -322,7 +322,11 @@ def build_mlp_speculator(cfg, target: Target, vocab=None):
 
     hcfg = MLPSpeculatorConfig.from_run(cfg, target.config)
     head = MLPSpeculator(hcfg)
-    if cfg.init_from:
+    if hcfg.reduced:
+        if vocab is None:
+            raise ConfigError(f"head.draft_vocab_size={hcfg.draft_vocab_size}: the run built no draft vocab for it")
+        head.set_vocab(vocab.d2t, vocab.t2d)
+    if cfg.init_from:  # its own d2t (the rows it trained) replaces this run's
         meta, state = load_head(cfg.init_from)
         if meta.get("family") != "mlp_speculator":
             raise ConfigError(
@@ -340,7 +344,7 @@ def build_mlp_speculator(cfg, target: Target, vocab=None):
             raise ConfigError(f"head.init=output needs inner_dim == the target's hidden size {hcfg.emb_dim}")
         with torch.no_grad():
             for i in range(hcfg.n_predict):
-                head.head[i].weight.copy_(target.output_weight().float())
+                head.head[i].weight.copy_(target.output_weight(head.draft_to_target).float())
                 head.emb[i].weight.copy_(target.embed_tokens.weight.float())
     elif cfg.init != "random":
         raise ConfigError(f"head.init={cfg.init!r}: expected random | output for an MLP speculator")

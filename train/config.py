@@ -38,8 +38,10 @@ class HeadConfig:
 
     family: str = "eagle3"  # eagle3 | peagle | mlp_speculator (train/heads/families.py)
     init: str = "random"  # random | output (from the target's output side) | target (EAGLE-3: also its last layer)
-    # EAGLE-3 (family eagle3)
+    # the rows of the draft's output, the most frequent supervised tokens (EAGLE-3; the MLP speculator's heads, where
+    # 0, its default in conf/head/mlp.yaml, keeps the target's whole vocab: the published HF format)
     draft_vocab_size: int = 32000
+    # EAGLE-3 (family eagle3)
     ttt_steps: int = 7  # K: the head is unrolled K steps on its own outputs
     ttt_decay: float = 0.8  # step (EAGLE-3) / head (MLP speculator) i's loss weight is decay**i
     norm_before_residual: bool = False  # EAGLE-3 reference layout; exported explicitly either way

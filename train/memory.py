@@ -115,10 +115,12 @@ def eagle3_activation_bytes(cfg, tc, act_bytes: int) -> tuple[float, float]:
 
 
 def mlp_activation_bytes(cfg, tc, act_bytes: int) -> tuple[float, float]:
-    """(features, head activations kept for backward) of one micro-batch: n_predict full-vocab stages."""
+    """(features, head activations kept for backward) of one micro-batch: n_predict stages over the draft vocab
+    (head.draft_vocab_size, 0 = the target's)."""
     B, T = batch_shape(cfg)
     N = B * T
-    n, D, V = cfg.head.n_predict, cfg.head.inner_dim or tc.hidden_size, tc.vocab_size
+    n, D = cfg.head.n_predict, cfg.head.inner_dim or tc.hidden_size
+    V = min(cfg.head.get("draft_vocab_size") or tc.vocab_size, tc.vocab_size)
     feats = N * tc.hidden_size * act_bytes
     return feats, n * N * (4 * D * act_bytes + V * 4 * 2)  # per stage: proj/ln/gelu states, fp32 logits + CE grad
 
@@ -137,7 +139,7 @@ def activation_bytes(cfg, tc, act_bytes: int) -> dict[str, float]:
 def target_ends_params(cfg, tc) -> int:
     """What TargetEnds holds: the embedding, the final norm and the lm_head rows the objective reads."""
     # the draft vocab's lm_head rows (EAGLE-3, P-EAGLE); the MLP speculator reads none
-    rows = min(cfg.head.draft_vocab_size, tc.vocab_size) if families.get(cfg.head.family).draft_vocab else 0
+    rows = min(cfg.head.draft_vocab_size, tc.vocab_size) if families.get(cfg.head.family).reads_target_logits else 0
     return (tc.vocab_size + 1 + rows) * tc.hidden_size
 
 

@@ -43,7 +43,8 @@ def per_head_loss(
     """Teacher-forced MLP speculator loss. Row t holds the target's final hidden state at position t.
 
     Head i at row t reads token x_{t+1+i} (x_{t+1} is the target's own next token at serving time, then
-    each head's pick) and predicts x_{t+2+i}; it is scored where that token is supervised.
+    each head's pick) and predicts x_{t+2+i}; it is scored where that token is supervised. With a draft vocab a
+    label outside it adds no loss (no row can predict it) and counts as a miss; the denominators still count it.
 
     Args:
         last: [B, T, E] target final (post-norm) hidden states; input_ids, loss_mask: [B, T].
@@ -60,11 +61,11 @@ def per_head_loss(
         labels = shift_left(input_ids, 2 + i) if target_top is None else shift_left(target_top, 1 + i)  # [B, T]
         mask = shift_left(loss_mask, 2 + i) > 0  # [B, T]; False past the end
         # the vocab matmul only where a label is supervised: it is the step's dominant cost
-        logits = head.logits(i, state[mask]).float()  # [N, V]
-        y = labels[mask]  # [N]
+        logits = head.logits(i, state[mask]).float()  # [N, Vd]
+        y = head.to_draft(labels[mask])  # [N] draft ids; -1 where a draft vocab lacks the label (never a hit)
         n = mask.sum()
         d = n.clamp(min=1) if denoms is None else denoms[i].clamp(min=1)
-        loss_i = F.cross_entropy(logits, y, reduction="sum") / d
+        loss_i = F.cross_entropy(logits, y, ignore_index=-1, reduction="sum") / d
         total = total + w * loss_i
         hit = torch.zeros_like(mask, dtype=torch.float32)  # [B, T]
         hit[mask] = (logits.argmax(-1) == y).float()

@@ -112,7 +112,7 @@ def header_for(
     family = families.get(cfg.head.family)
     fp = run_fingerprint(cfg, target, data.train if split == "train" else data.heldout, tokenizer)
     H = target.config.hidden_size
-    draft_vocab = None  # a family without a draft vocab (the MLP speculator) predicts over the target's
+    draft_vocab = None  # a head without a draft vocab (a full-vocab MLP speculator) predicts over the target's
     if vocab is not None:
         d2t_sha1 = hashlib.sha1(vocab.d2t.cpu().numpy().tobytes()).hexdigest()
         draft_vocab = {"size": cfg.head.draft_vocab_size, "d2t_sha1": d2t_sha1}

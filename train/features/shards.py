@@ -450,11 +450,13 @@ def pack_shard(
 class ShardStore:
     """Reads samples out of a features directory; shards are opened lazily (memory-mapped) and kept open."""
 
-    def __init__(self, root, manifest: dict | None = None, max_open: int = 64, aux_layer_ids=None):
-        """aux_layer_ids: the run's, when they are a subset of the extracted ones (`get` returns their columns)."""
+    def __init__(self, root, manifest: dict | None = None, max_open: int = 64, aux_layer_ids=None, fields=None):
+        """aux_layer_ids: the run's, when they are a subset of the extracted ones (`get` returns their columns).
+        fields: the stored fields the run reads (None: all); an MLP speculator reading an EAGLE-3 extraction skips
+        the aux states, 3/4 of its bytes."""
         self.root = Path(root)
         self.manifest = manifest or load_manifest(self.root)
-        self.fields = tuple(self.manifest["fields"])
+        self.fields = tuple(f for f in self.manifest["fields"] if fields is None or f in fields)
         self.aux_cols = None
         if aux_layer_ids is not None and "aux" in self.fields:
             stored = self.manifest["fingerprint"]["target"]["aux_layer_ids"]

@@ -157,10 +157,24 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
     digest = fingerprint_sha1(run_fingerprint(cfg, target, data.train, tokenizer))[:16]
     # the families store different fields (P-EAGLE reads EAGLE-3's: features_family)
     root = cache_dir() / "features" / f"{digest}-{families.get(cfg.head.family).features_family}-{name}"
-    # a listed shard deleted since (a bad one, as the checksum error advises) sends the run back to extraction
-    if features_complete(root) and (not data.heldout or features_complete(root / HELDOUT_DIR, data.heldout)):
+    from draftsmith.train.features.shards import load_manifest
+    family = families.get(cfg.head.family)
+
+    def complete(path: Path) -> bool:
+        # a listed shard deleted since (a bad one, as the checksum error advises) sends the run back to extraction
+        return features_complete(path) and (not data.heldout or features_complete(path / HELDOUT_DIR, data.heldout))
+
+    if complete(root):
         log(f"features: extracted earlier, {root}")
         return str(root)
+    # another family's extraction of the same target and samples that stores every field this one reads (an
+    # EAGLE-3 extraction holds the final hidden states an MLP speculator trains on): the target need not run again
+    for other in sorted(root.parent.glob(f"{digest}-*-{name}")):
+        if other != root and complete(other):
+            manifest = load_manifest(other)
+            if set(family.fields) <= set(manifest["fields"]):
+                log(f"features: extracted earlier for {manifest['family']} heads, which store this head's too, {other}")
+                return str(other)
     log(
         f"features: extracting the target's features for {len(data.train)} training and {len(data.heldout)} "
         f"held-out samples once, into {root} (not counted in optim.max_minutes; later runs with the same target "
@@ -239,7 +253,8 @@ def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator)
                 f"data.features_dir={root}: {len(gone)} shard(s) the manifest lists are missing or of "
                 f"another size ({'; '.join(list(gone.values())[:5])}). " + redo_advice(root)
             )
-        store = ShardStore(root, manifest, aux_layer_ids=target.aux_layer_ids)  # may be some of the stored layers
+        # the run's aux layers may be some of the stored ones; fields it does not read are not read
+        store = ShardStore(root, manifest, aux_layer_ids=target.aux_layer_ids, fields=fields)
         return FeatureSource(target, vocab_ids, mode, disk=store)
     if mode == "stream":  # the target runs in a producer process of this rank's own (stream_process.py)
         from draftsmith.train.features.stream_process import StreamClient
@@ -269,5 +284,9 @@ def heldout_feature_source(cfg, target, vocab_ids, data, features: FeatureSource
     held = Path(root) / HELDOUT_DIR
     if not features_complete(held, data.heldout):
         return None
-    store = ShardStore(held, load_manifest(held), aux_layer_ids=target.aux_layer_ids)
+    from draftsmith.train.features.shards import HELDOUT_FIELDS
+    from draftsmith.train.heads import families
+
+    fields = families.get(cfg.head.family).fields + HELDOUT_FIELDS
+    store = ShardStore(held, load_manifest(held), aux_layer_ids=target.aux_layer_ids, fields=fields)
     return FeatureSource(target, vocab_ids, "offline", disk=store)

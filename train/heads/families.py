@@ -52,12 +52,15 @@ class Family:
     export_options: tuple[str, ...]  # the `draftsmith export` options its exporter takes (dialect, k)
     read_export: Ref  # read_export(exported dir) -> (config dict, tensors under the checkpoint keys)
     drafter: Ref  # drafter(head, draft_sampling=, name=): the reference decoder's (eval/reference_decoder.py)
-    draft_vocab: bool  # predicts over a draft vocab built from the data (head.draft_vocab_size); else the target's
+    draft_vocab: bool  # can predict over a draft vocab built from the data (head.draft_vocab_size); else the target's
     stage2: bool  # head.stage=2 trains on the target's own continuations (stage2.*, from head.init_from)
     memory: Ref  # memory(cfg, target HF config, activation bytes) -> (features, head activations) bytes, dry run
     inits: tuple[str, ...]  # the head.init values its `build` knows
     keys: tuple[str, ...]  # the head.* config keys it reads besides head.family and head.init
     shares_features_of: str | None = None  # a family whose stored features (shards, cache) this one reads as they are
+    # head.draft_vocab_size 0 (its default) means the target's vocab: the draft vocab is an option, not the format
+    draft_vocab_optional: bool = False
+    reads_target_logits: bool = True  # its loss reads the target's logits over the draft vocab (lm_head rows)
 
     @property
     def features_family(self) -> str:
@@ -65,15 +68,20 @@ class Family:
         EAGLE-3 and P-EAGLE)."""
         return self.shares_features_of or self.name
 
+    def uses_draft_vocab(self, head_cfg) -> bool:
+        """Whether a run with these head.* keys builds a draft vocab from its data."""
+        return self.draft_vocab and not (self.draft_vocab_optional and not head_cfg.get("draft_vocab_size"))
+
     def problems(self, head_cfg, target_vocab_size: int) -> list[str]:
         """`key=value: why` for every head.* value this family cannot work with (train/config.py)."""
         out = []
         if head_cfg.init not in self.inits:
             out.append(f"head.init={head_cfg.init}: expected one of {' | '.join(self.inits)} for {self.name} heads")
-        if self.draft_vocab and not 1 <= head_cfg.draft_vocab_size <= target_vocab_size:
+        if self.uses_draft_vocab(head_cfg) and not 1 <= head_cfg.draft_vocab_size <= target_vocab_size:
+            full = " or 0 for the target's whole vocab" if self.draft_vocab_optional else ""
             out.append(
                 f"head.draft_vocab_size={head_cfg.draft_vocab_size}: the draft vocab is a subset of the target's "
-                f"{target_vocab_size} tokens: use 1..{target_vocab_size} (8,192-32,000 is usual)"
+                f"{target_vocab_size} tokens: use 1..{target_vocab_size}{full} (4,096-32,000 is usual)"
             )
         mask = getattr(head_cfg, "mask_token_id", None)
         if "mask_token_id" in self.keys and mask is not None and not 0 <= mask < target_vocab_size:
@@ -142,12 +150,14 @@ MLP_SPECULATOR = Family(
     export_options=(),
     read_export=Ref("draftsmith.export.mlp:read_export"),
     drafter=Ref("draftsmith.eval.reference_decoder:MLPSpeculatorDrafter"),
-    draft_vocab=False,
+    draft_vocab=True,  # head.draft_vocab_size rows per head, mapped back by d2t; 0 (the default) = the target's vocab
+    draft_vocab_optional=True,
+    reads_target_logits=False,  # per-head cross-entropy against token ids: no lm_head rows
     stage2=True,
     memory=Ref("draftsmith.train.memory:mlp_activation_bytes"),
     inits=("random", "output"),  # output: every head from the target's lm_head, every embedding from its input one
     # ttt_decay is head i's loss weight decay**i here (the key is shared with EAGLE-3's per-step weight)
-    keys=("n_predict", "inner_dim", "tie_weights", "scale_input", "ttt_decay", "stage", "init_from"),
+    keys=("n_predict", "inner_dim", "tie_weights", "scale_input", "ttt_decay", "stage", "init_from", "draft_vocab_size"),
 )
 
 FAMILIES = {f.name: f for f in (EAGLE3, PEAGLE, MLP_SPECULATOR)}

@@ -8,7 +8,10 @@ it (x itself for stage 0, then stage i-1's pick) and predicts the next one:
     state_i = gelu(ln_i(proj_i(state_{i-1}) * w_state + emb_i(token_i) * w_emb))      [.., inner_dim]
     logits_i = head_i(state_i)                                                          [.., vocab]
 
-with w_state = 0.5 ** (0.5 / n_predict) and w_emb = sqrt((1 - w_state**2) * inner_dim / 2), so the
+`head_i` has `draft_vocab_size` rows: the target's vocab by default (the published HF format), or the most frequent
+tokens of the training data (the d2t idea EAGLE-3 uses): a pick is mapped back to its target id
+(`target_id = draft_id + d2t[draft_id]`) before it is emitted or fed to the next stage's embedding, which keeps
+the target's vocab. With w_state = 0.5 ** (0.5 / n_predict) and w_emb = sqrt((1 - w_state**2) * inner_dim / 2), so the
 state and embedding terms keep a fixed share of the variance at every depth. `ln` is an RMS
 normalisation with a learned scale *and shift* (eps 1e-6); `ln0` has neither. With tie_weights all
 stages share `emb.0`, `ln.0` and (after the first, whose input is the target's width) `proj.1`.
@@ -36,16 +39,24 @@ class MLPSpeculatorConfig:
     n_predict: int = 3
     tie_weights: bool = False
     scale_input: bool = False
+    draft_vocab_size: int = 0  # rows of each head: 0 = vocab_size (no draft vocab), else a subset built from the data
     target: dict = field(default_factory=dict)  # provenance: name_or_path, architectures, num_hidden_layers
 
     def __post_init__(self):
         if self.inner_dim == 0:
             self.inner_dim = self.emb_dim
+        if not self.draft_vocab_size or self.draft_vocab_size > self.vocab_size:
+            self.draft_vocab_size = self.vocab_size
         if self.tie_weights and self.n_predict < 2:
             raise ConfigError("tie_weights needs n_predict >= 2 (there is nothing to tie with one stage)")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def reduced(self) -> bool:
+        """Whether the heads predict over a draft vocab smaller than the target's (then d2t / t2d map it)."""
+        return self.draft_vocab_size < self.vocab_size
 
     @property
     def state_weight(self) -> float:
@@ -65,6 +76,7 @@ class MLPSpeculatorConfig:
             n_predict=head.n_predict,
             tie_weights=head.tie_weights,
             scale_input=head.scale_input,
+            draft_vocab_size=head.get("draft_vocab_size") or 0,
         )
 
     @classmethod
@@ -124,8 +136,14 @@ class MLPSpeculator(nn.Module):
             self.emb = nn.ModuleList([nn.Embedding(V, D) for _ in range(n)])
             self.proj = nn.ModuleList([nn.Linear(E if i == 0 else D, D, bias=False) for i in range(n)])
             self.ln = nn.ModuleList([LayerNorm(D) for _ in range(n)])
-        self.head = nn.ModuleList([nn.Linear(D, V, bias=False) for _ in range(n)])  # never tied (as vLLM loads it)
+        Vd = cfg.draft_vocab_size
+        self.head = nn.ModuleList([nn.Linear(D, Vd, bias=False) for _ in range(n)])  # never tied (as vLLM loads it)
         self.ln0 = LayerNorm(E, affine=False)  # no parameters; used only with scale_input
+        if cfg.reduced:  # the draft vocab, as EAGLE-3 stores it: target_id = draft_id + d2t[draft_id]; t2d marks them
+            self.register_buffer("d2t", torch.zeros(Vd, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool))
+            # target id -> draft id (-1 outside): the labels' map in training; rebuilt from d2t, never saved
+            self.register_buffer("to_draft_ids", torch.full((V,), -1, dtype=torch.long), persistent=False)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -140,6 +158,36 @@ class MLPSpeculator(nn.Module):
             elif isinstance(m, LayerNorm) and m.weight is not None:
                 m.weight.fill_(1.0)
                 m.bias.zero_()
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        if self.config.reduced:  # a checkpoint's d2t arrived: the label map follows it
+            self._sync_vocab()
+
+    @torch.no_grad()
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """Install the draft vocab built from the data (train/data/vocab.py `DraftVocab`)."""
+        if not self.config.reduced:
+            raise ValueError("a full-vocabulary speculator has no draft vocab to set")
+        if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
+            raise ValueError(f"draft vocab shapes {tuple(d2t.shape)}/{tuple(t2d.shape)} do not fit this head")
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+        self._sync_vocab()
+
+    @torch.no_grad()
+    def _sync_vocab(self) -> None:
+        self.to_draft_ids.fill_(-1)
+        self.to_draft_ids[self.draft_to_target] = torch.arange(self.config.draft_vocab_size, device=self.d2t.device)
+
+    def to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids of target ids (same shape), -1 for a token outside the draft vocab; the ids themselves when
+        the heads predict over the target's vocab."""
+        return self.to_draft_ids[target_ids] if self.config.reduced else target_ids
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of the heads' picks (same shape)."""
+        return self.draft_to_target[draft_ids] if self.config.reduced else draft_ids
 
     def attach_target(self, target) -> None:
         """Nothing to borrow: every weight is the speculator's own (the target's hidden state arrives per call)."""
@@ -167,14 +215,21 @@ class MLPSpeculator(nn.Module):
         state, out = self.prepare(state), []
         for i in range(k):
             state = self.step(i, state, token)  # [N, D]
-            token = self.logits(i, state).argmax(-1)  # [N]
+            token = self.to_target(self.logits(i, state).argmax(-1))  # [N] target ids
             out.append(token)
         return torch.stack(out, dim=-1)  # [N, k]
 
     @property
-    def draft_to_target(self) -> None:
-        return None  # full target vocab: no draft-vocab map
+    def draft_to_target(self) -> torch.Tensor | None:
+        """[Vd] the target id of each head row; None for a full-vocabulary speculator (no map)."""
+        if not self.config.reduced:
+            return None
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t  # [Vd]
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Each parameter once (tied stages share `emb.0`, `ln.0`, `proj.1`): the exported key set."""
-        return {k: p for k, p in self.named_parameters()}
+        """Each parameter once (tied stages share `emb.0`, `ln.0`, `proj.1`), and the draft vocab's d2t / t2d when
+        there is one: the exported key set."""
+        out = {k: p for k, p in self.named_parameters()}
+        if self.config.reduced:
+            out.update(d2t=self.d2t, t2d=self.t2d)
+        return out

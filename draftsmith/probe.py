@@ -89,7 +89,7 @@ def target_forward_rate(target, batch: int = 4, seq: int = 512, repeats: int = 2
     return batch * seq / timed(lambda: target.features(ids, mask, none), repeats)
 
 
-def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "adamw"):
+def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "adamw", tie_weights: bool = False):
     """A closure running one full training step on random features shaped like the target's; returns (step, tokens
     per step, matmul FLOPs per step). step(precision) returns the seconds its optimizer step took."""
     from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
@@ -114,7 +114,16 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "
         def loss():
             return ttt_unroll(head, aux, logits, ids, mask, ttt, 0.8).loss
     else:
-        head = MLPSpeculator(MLPSpeculatorConfig(emb_dim=tc.hidden_size, vocab_size=tc.vocab_size, n_predict=ttt))
+        cfg = MLPSpeculatorConfig(
+            emb_dim=tc.hidden_size,
+            vocab_size=tc.vocab_size,
+            n_predict=ttt,
+            draft_vocab_size=min(vocab, tc.vocab_size),
+            tie_weights=tie_weights,
+        )
+        head = MLPSpeculator(cfg)
+        if cfg.reduced:
+            head.set_vocab(torch.zeros(vocab, dtype=torch.long), torch.arange(tc.vocab_size) < vocab)
         last = torch.randn(B, T, tc.hidden_size, dtype=torch.bfloat16)
 
         def loss():
@@ -150,12 +159,23 @@ def step_flops(family: str, tc, B: int, T: int, vocab: int, ttt: int) -> float:
         layer = 2 * H * (nh + 2 * nkv) * hd + nh * hd * H + 3 * H * inter + H * vocab  # MACs per row
         attn = 2 * T * nh * hd  # scores + weighted values per row, over T keys
         fwd = n * 3 * H * H + ttt * n * (layer + attn)
-    else:  # per head: proj (H -> H), lm_head (H -> V)
-        fwd = ttt * n * (H * H + H * tc.vocab_size)
+    else:  # per head: proj (H -> H), its output rows (H -> the draft vocab, or the target's)
+        fwd = ttt * n * (H * H + H * min(vocab, tc.vocab_size))
     return 3 * 2 * fwd
 
 
-def head_step_rate(tc, tokens: int, vocab: int, ttt: int, optim: str, precision: str, repeats: int = 2) -> float:
-    """Tokens/s of one EAGLE-3 training step (forward, backward, clip, optimizer) on random stored features."""
-    step, n, _ = make_step("eagle3", tc, tokens, vocab, ttt, optim)
+def head_step_rate(
+    tc,
+    tokens: int,
+    vocab: int,
+    ttt: int,
+    optim: str,
+    precision: str,
+    repeats: int = 2,
+    family: str = "eagle3",
+    tie_weights: bool = False,
+) -> float:
+    """Tokens/s of one training step (forward, backward, clip, optimizer) on random stored features: an EAGLE-3
+    head with `ttt` steps, or (family="mlp_speculator") an MLP speculator with `ttt` heads of `vocab` rows."""
+    step, n, _ = make_step("eagle3" if family == "peagle" else family, tc, tokens, vocab, ttt, optim, tie_weights)
     return n / timed(lambda: step(precision), repeats)

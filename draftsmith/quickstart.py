@@ -4,6 +4,7 @@
     draftsmith quickstart --budget 90      # more data and training minutes
     draftsmith quickstart --full           # the preset as measured: 4,000 turns + code sets, 60 training minutes
     draftsmith quickstart --family peagle  # a parallel-drafting (P-EAGLE) head instead: same plan, data and clock
+    draftsmith quickstart --family mlp     # an MLP speculator (IBM), served through draftsmith's vLLM plugin
 
 Stages: prepare the target (SmolLM2-135M-Instruct GGUF -> HF dir, once) -> probe this machine (target forward,
 head training step: seconds) -> plan -> the target's own answers to ShareGPT first turns (shipped with the package
@@ -30,7 +31,7 @@ from pathlib import Path
 
 PRESET = "eagle3_smollm2"
 # --family: the preset each head family's quickstart trains (the plan, data and clock are the same)
-PRESETS = {"eagle3": "eagle3_smollm2", "peagle": "peagle_smollm2"}
+PRESETS = {"eagle3": "eagle3_smollm2", "peagle": "peagle_smollm2", "mlp": "mlp_smollm2"}
 DEFAULT_BUDGET = 45.0  # minutes, everything after set-up
 PASSES = 3.0  # planned passes over the data: the measured hour ran 2.9 (held-out curve flat at its end)
 # rendered tokens per ShareGPT first turn asked, held-out ones included (the shipped pool: 1.13M for 4,000 turns;
@@ -182,13 +183,16 @@ def probe(target_dir: str, preset: str = PRESET) -> Rates:
     forward = target_forward_rate(target, seq=512)
     del target
     tc = AutoConfig.from_pretrained(target_dir)
+    mlp = cfg.head.family == "mlp_speculator"
     train = head_step_rate(
         tc,
         cfg.data.max_tokens_per_batch,
-        cfg.head.draft_vocab_size,
-        cfg.head.ttt_steps,
+        (cfg.head.draft_vocab_size or tc.vocab_size) if mlp else cfg.head.draft_vocab_size,
+        cfg.head.n_predict if mlp else cfg.head.ttt_steps,
         cfg.optim.name,
         "bf16" if bf16 else "fp32",
+        family=cfg.head.family,
+        tie_weights=mlp and cfg.head.tie_weights,
     )
     return Rates(forward, train, bf16, torch.get_num_threads(), cpu_name(), cpu_flags())
 
@@ -336,7 +340,8 @@ def main(argv: list[str]) -> int:
         "--family",
         choices=sorted(PRESETS),
         default="eagle3",
-        help="the head: eagle3 (default, drafts step by step) or peagle (all k drafts in one forward); "
+        help="the head: eagle3 (default, drafts step by step), peagle (all k drafts in one forward) or mlp (the "
+        "MLP speculator: no attention, no KV cache); "
         f"presets {', '.join(f'{k}: {v}' for k, v in PRESETS.items())}",
     )
     p.add_argument("--num-prompts", type=int, default=32, help="prompts served per workload and method (default 32)")

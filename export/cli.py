@@ -105,4 +105,11 @@ def export(args) -> int:
         raise ExportError(f"{ckpt}: {e}") from None
     kind = ", ".join([family.name] + [f"{k}={v}" for k, v in options.items() if v is not None])
     print(f"exported {ckpt} -> {out} ({kind}, contracts checked)")
+    rows = getattr(cfg, "draft_vocab_size", None)
+    if family.draft_vocab_optional and rows and rows < cfg.vocab_size:
+        print(
+            f"  its heads predict over a draft vocab of {rows} of the target's {cfg.vocab_size} tokens: the map is "
+            "draft_vocab.safetensors beside the HF files; draftsmith's vLLM plugin applies it (a loader of the "
+            "published HF MLPSpeculator format reads full-vocab heads only: train with head.draft_vocab_size=0 for one)"
+        )
     return 0

@@ -102,3 +102,18 @@ def test_the_headline_compares_the_head_with_the_best_training_free_method():
     table = qs.headline(rows, FAST)
     assert "| chat | **2.00** | 1.40 | 1.60 | 1.25x | 0.80x | 1.00 |" in table
     assert "| mtbench | **1.50** | 1.30 | 1.20 | 1.15x | 1.10x | 1.00 |" in table
+
+
+@pytest.mark.parametrize("family", sorted(qs.PRESETS))
+def test_every_family_quickstart_trains_its_preset_on_the_same_samples(family):
+    """--family picks the preset; every preset's data settings are eagle3_smollm2's, so the features one family's
+    quickstart extracted serve the others (the cache is keyed by target and samples)."""
+    from draftsmith.train.config import compose_config
+    from draftsmith.train.heads import families
+
+    plan = qs.make_plan(45, FAST, 40.0, 32, 128)
+    cfg = compose_config(plan.overrides(qs.Path("/tmp/qs"), [], qs.PRESETS[family]))
+    base = compose_config(plan.overrides(qs.Path("/tmp/qs"), [], qs.PRESETS["eagle3"]))
+    assert families.get(cfg.head.family).name == {"mlp": "mlp_speculator"}.get(family, family)
+    assert cfg.data == base.data and cfg.optim.max_minutes == plan.train_minutes
+    assert cfg.target.aux_layer_ids == base.target.aux_layer_ids

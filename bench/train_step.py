@@ -34,7 +34,12 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--tokens", default="1024", help="tokens per step, comma list (data.max_tokens_per_batch)")
-    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=8192,
+        help="rows of EAGLE-3's lm_head and of each MLP speculator head (the target's vocab size for a full-vocab one)",
+    )
     ap.add_argument("--ttt", type=int, default=3, help="TTT steps / speculator heads")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument(

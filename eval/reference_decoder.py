@@ -240,8 +240,9 @@ class MLPSpeculatorDrafter(HeadDrafter):
             else:
                 q_d = target_probs(logits, temperature)  # [Vd]
                 row = _sample(q_d, generator)
-                d2t = self.head.draft_to_target
-                q = q_d if d2t is None else torch.zeros(self.head.config.vocab_size, dtype=q_d.dtype).index_add_(0, d2t, q_d)
+                d2t, q = self.head.draft_to_target, q_d
+                if d2t is not None:  # the draft vocab's distribution over target ids
+                    q = torch.zeros(self.head.config.vocab_size, dtype=q_d.dtype).index_add_(0, d2t, q_d)
             tok = int(self.head.to_target(torch.tensor(row)))  # the pick as a target id
             out.append(tok)
             probs.append(q)

@@ -121,8 +121,7 @@ def validate_mlp_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     keys = CONFIG_KEYS | ({"draft_vocab_size"} if "draft_vocab_size" in config else set())
     if set(config) != keys:
         raise ExportError(
-            f"config keys differ: missing {sorted(keys - set(config))}, "
-            f"unexpected {sorted(set(config) - CONFIG_KEYS)}"
+            f"config keys differ: missing {sorted(keys - set(config))}, unexpected {sorted(set(config) - CONFIG_KEYS)}"
         )
     if len(config["top_k_tokens_per_head"]) != config["n_predict"]:
         raise ExportError("top_k_tokens_per_head must have n_predict entries (HF's config asserts it)")

@@ -400,6 +400,7 @@ def test_compressed_shards_read_back_exactly_and_train_the_same(tiny_target_dir,
 def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_target_dir, data_file, tmp_path):
     """data.features=offline and no features_dir: the run extracts its own features before its clock starts, keyed
     by target and samples under the cache; a second run with the same data reads them back and logs the same losses."""
+
     def run(name, *extra, cache="cache"):
         env = {**os.environ, "DRAFTSMITH_CACHE": str(tmp_path / cache), "WANDB_MODE": "disabled"}
         args = overrides(

@@ -225,7 +225,8 @@ def test_draft_vocab_export_round_trip_and_refusals(tmp_path):
     drafter.last, drafter.last_pos = state[0], 3
     prop = drafter.propose([1, 2, 3, 4, 5], 3, 1.0, torch.Generator().manual_seed(0))
     assert set(prop.tokens) <= set(rows.tolist())
-    assert prop.probs.shape == (3, 97) and torch.allclose(prop.probs[:, rows].sum(-1), torch.ones(3, dtype=torch.float64))
+    assert prop.probs.shape == (3, 97)
+    assert torch.allclose(prop.probs[:, rows].sum(-1), torch.ones(3, dtype=torch.float64))
 
     maps = load_file(out / VOCAB_FILE)
     bad = dict(maps, t2d=torch.zeros(96, dtype=torch.bool))  # a map made for another vocab

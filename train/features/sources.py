@@ -158,6 +158,7 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
     # the families store different fields (P-EAGLE reads EAGLE-3's: features_family)
     root = cache_dir() / "features" / f"{digest}-{families.get(cfg.head.family).features_family}-{name}"
     from draftsmith.train.features.shards import load_manifest
+
     family = families.get(cfg.head.family)
 
     def complete(path: Path) -> bool:

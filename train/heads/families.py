@@ -157,7 +157,16 @@ MLP_SPECULATOR = Family(
     memory=Ref("draftsmith.train.memory:mlp_activation_bytes"),
     inits=("random", "output"),  # output: every head from the target's lm_head, every embedding from its input one
     # ttt_decay is head i's loss weight decay**i here (the key is shared with EAGLE-3's per-step weight)
-    keys=("n_predict", "inner_dim", "tie_weights", "scale_input", "ttt_decay", "stage", "init_from", "draft_vocab_size"),
+    keys=(
+        "n_predict",
+        "inner_dim",
+        "tie_weights",
+        "scale_input",
+        "ttt_decay",
+        "stage",
+        "init_from",
+        "draft_vocab_size",
+    ),
 )
 
 FAMILIES = {f.name: f for f in (EAGLE3, PEAGLE, MLP_SPECULATOR)}

@@ -1,5 +1,9 @@
 """Real-model tier: on SmolLM2 + ShareGPT, stage 2 (the target's own continuations) raises the MLP
-speculator's served acceptance in vLLM over stage 1 alone, on held-out prompts."""
+speculator's served acceptance in vLLM over stage 1 alone, on held-out prompts.
+
+Stage 1 here is the published one, on ShareGPT's own text with full-vocabulary heads and AdamW (the preset now
+trains on the target's own answers, which are stage 2's kind of data already, with a draft vocab, tied stages and
+Muon; docs/mlp.md): these overrides keep the comparison the paper makes."""
 
 import json
 import os
@@ -20,6 +24,14 @@ def train(out, *overrides):
         str(ROOT / "train" / "run.py"),
         "conf=mlp_smollm2",
         f"output_dir={out}",
+        "data.path=sharegpt",
+        "data.also=[]",
+        "data.features=online",
+        "data.supervise=assistant",
+        "data.max_tokens_per_batch=1024",
+        "head.draft_vocab_size=0",
+        "head.tie_weights=false",
+        "optim.name=adamw",
         "data.num_conversations=600",
         "data.heldout=16",
         f"optim.max_steps={STEPS}",

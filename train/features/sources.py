@@ -146,6 +146,7 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
         HELDOUT_DIR,
         ShardError,
         fingerprint_sha1,
+        load_manifest,
         run_fingerprint,
     )
     from draftsmith.train.heads import families
@@ -156,10 +157,8 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
     name = DTYPE_NAMES[target.dtype] if dtype == "auto" else dtype
     digest = fingerprint_sha1(run_fingerprint(cfg, target, data.train, tokenizer))[:16]
     # the families store different fields (P-EAGLE reads EAGLE-3's: features_family)
-    root = cache_dir() / "features" / f"{digest}-{families.get(cfg.head.family).features_family}-{name}"
-    from draftsmith.train.features.shards import load_manifest
-
     family = families.get(cfg.head.family)
+    root = cache_dir() / "features" / f"{digest}-{family.features_family}-{name}"
 
     def complete(path: Path) -> bool:
         # a listed shard deleted since (a bad one, as the checksum error advises) sends the run back to extraction

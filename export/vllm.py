@@ -169,7 +169,8 @@ def native_config(cfg: Eagle3Config, dtype: str) -> dict:
 
 
 def check_vocab_maps(d2t: torch.Tensor, t2d: torch.Tensor, cfg: Eagle3Config) -> None:
-    """d2t: int64 offsets [Vd]; t2d: bool [V]; both describe the same sorted set of target ids."""
+    """d2t: int64 offsets [Vd]; t2d: bool [V]; both describe the same sorted set of target ids. `cfg`: any head
+    config with vocab_size and draft_vocab_size (EAGLE-3's, the MLP speculator's)."""
     if d2t.dtype != torch.int64:
         raise ExportError(f"d2t must be int64 offsets, got {d2t.dtype}")
     if t2d.dtype != torch.bool:

@@ -23,6 +23,13 @@ def count_supervised(samples: Iterable, vocab_size: int) -> torch.LongTensor:
     return counts
 
 
+def target_to_draft(draft_to_target: torch.Tensor, vocab_size: int) -> torch.LongTensor:
+    """[V] the draft id of each target id, -1 for ids outside the draft vocab (`draft_to_target`: [Vd] target ids)."""
+    lookup = torch.full((vocab_size,), -1, dtype=torch.long, device=draft_to_target.device)  # [V]
+    lookup[draft_to_target] = torch.arange(draft_to_target.numel(), device=draft_to_target.device)
+    return lookup
+
+
 @dataclass(eq=False)  # tensor fields: compare with torch.equal, not ==
 class DraftVocab:
     """Draft vocab: target_id = draft_id + d2t[draft_id]; t2d[target_id] says whether it is in the draft vocab."""
@@ -33,9 +40,7 @@ class DraftVocab:
     _target_to_draft: torch.LongTensor = field(init=False, repr=False)  # [V], -1 outside
 
     def __post_init__(self):
-        lookup = torch.full((self.t2d.numel(),), -1, dtype=torch.long)  # [V]
-        lookup[self.draft_to_target] = torch.arange(self.draft_to_target.numel())
-        self._target_to_draft = lookup
+        self._target_to_draft = target_to_draft(self.draft_to_target, self.t2d.numel())
 
     @property
     def vocab_size(self) -> int:

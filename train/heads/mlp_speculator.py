@@ -177,8 +177,9 @@ class MLPSpeculator(nn.Module):
 
     @torch.no_grad()
     def _sync_vocab(self) -> None:
-        self.to_draft_ids.fill_(-1)
-        self.to_draft_ids[self.draft_to_target] = torch.arange(self.config.draft_vocab_size, device=self.d2t.device)
+        from draftsmith.train.data.vocab import target_to_draft
+
+        self.to_draft_ids.copy_(target_to_draft(self.draft_to_target, self.config.vocab_size))
 
     def to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids of target ids (same shape), -1 for a token outside the draft vocab; the ids themselves when

@@ -7,6 +7,7 @@ draftsmith eval acceptance ...             # real vLLM speculative decoding + ba
 draftsmith regenerate --out regen.jsonl    # the target's own answers as training data
 draftsmith extract --out DIR conf=NAME     # target features once, as shards (data.features=offline)
 draftsmith quickstart                      # the README's main job, end to end
+draftsmith adapt RUN --traffic F --out DIR  # fit a head to its traffic, promoted only when it wins
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ VERBS = {
     "quickstart": (
         "draftsmith.quickstart",
         "install-time main job: prepare, train, export, serve and measure on the embedded default",
+    ),
+    "adapt": (
+        "draftsmith.adapt",
+        "fit a trained head to the traffic it serves; export it only if it wins (`draftsmith adapt --help`)",
     ),
     "prepare-target": ("draftsmith.prepare", "convert the embedded SmolLM2 GGUF target to a safetensors HF directory"),
 }

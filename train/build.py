@@ -15,7 +15,7 @@ from draftsmith.errors import ConfigError
 from draftsmith.train.data.conversations import DataError
 from draftsmith.train.data.dataset import also_entries, overflow, prepare_data
 from draftsmith.train.data.render import special_ids
-from draftsmith.train.data.vocab import build_draft_vocab
+from draftsmith.train.data.vocab import build_draft_vocab, vocab_from_d2t
 from draftsmith.train.heads import families
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target, TargetEnds
@@ -131,14 +131,61 @@ def build_target(cfg, device: torch.device, ends_only: bool = False) -> tuple[Ta
 
 
 def build_head(cfg, target: Target, vocab):
-    """A fresh head of head.family for this target (`vocab`: the draft vocab, None for a family without one)."""
-    return families.get(cfg.family).build(cfg, target, vocab)
+    """A head of head.family for this target (`vocab`: the draft vocab, None for a family without one): fresh, or
+    with head.init_from's weights (`draftsmith adapt` and stage 2 continue a trained head)."""
+    family = families.get(cfg.family)
+    head = family.build(cfg, target, vocab)
+    if cfg.get("init_from"):
+        load_init_weights(head, cfg, family)
+    return head
+
+
+# head config keys that are training settings, not weights: a head may continue under other values of them
+TRAINING_ONLY_KEYS = ("target", "ttt_steps")
+
+
+def init_checkpoint(head_cfg, family) -> tuple[dict, dict]:
+    """head.init_from's (head.json meta, tensors), refused with one message when it holds another family's head."""
+    from draftsmith.train.checkpoint import load_head
+
+    meta, state = load_head(head_cfg.init_from)
+    theirs = meta.get("family", families.UNRECORDED)
+    if theirs != family.name:
+        raise ConfigError(
+            f"head.init_from={head_cfg.init_from}: holds a {theirs!r} head, not {family.name} (head.family)"
+        )
+    return meta, state
+
+
+def load_init_weights(head, cfg, family) -> None:
+    """Copy head.init_from's weights (and its draft vocab buffers) into `head`, whose config must match."""
+    meta, state = init_checkpoint(cfg, family)
+    theirs = {k: v for k, v in meta["config"].items() if k not in TRAINING_ONLY_KEYS}
+    ours = {k: v for k, v in head.config.to_dict().items() if k not in TRAINING_ONLY_KEYS}
+    if theirs != ours:
+        diff = {
+            k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)
+        }
+        raise ConfigError(
+            f"head.init_from={cfg.init_from}: its head differs from this run's in {diff} (theirs, ours); a head "
+            "continues only with the same shape: drop the head.* overrides that change it"
+        )
+    result = head.load_state_dict(state, strict=False)
+    frozen_or_tied = set(head.state_dict()) - set(head.trainable_state_dict())
+    missing = sorted(set(result.missing_keys) - frozen_or_tied)
+    if missing or result.unexpected_keys:
+        raise ConfigError(
+            f"head.init_from={cfg.init_from}: its tensors do not fit a {family.name} head "
+            f"(missing {missing[:4]}, unexpected {sorted(result.unexpected_keys)[:4]})"
+        )
 
 
 def build_eagle3(cfg, target: Target, vocab) -> Eagle3Head:
     head = Eagle3Head(Eagle3Config.from_run(cfg, target.config, target.aux_layer_ids))
     head.attach_target(target)
     head.set_vocab(vocab.d2t, vocab.t2d)
+    if cfg.get("init_from"):
+        return head  # build_head copies head.init_from's weights in
     if cfg.init == "target":
         warm_start(head, target)
     elif cfg.init == "output":
@@ -239,20 +286,24 @@ def resolve_data_cfg(data_cfg, target_path: str):
         if not path.startswith("regen:"):
             return path
         n = data_cfg.num_conversations
+        n = None if n is None else n + more
         return regenerated_path(
-            OmegaConf.merge(
-                data_cfg, {"path": path, "num_conversations": None if n is None else n + more, **(settings or {})}
-            ),
-            target_path,
+            OmegaConf.merge(data_cfg, {"path": path, "num_conversations": n, **(settings or {})}), target_path
         )
+
+    def also_view(path: str, settings: dict):
+        # an also regen:SOURCE answers SOURCE's first num_conversations + heldout conversations: when SOURCE is
+        # data.path, that is every one data.path trains on (its held-out ones among them are then left out); a
+        # mapping entry's own settings make its set, its own num_conversations its size
+        if "num_conversations" not in settings:
+            return view(path, data_cfg.heldout, settings)
+        path = view(path, 0, settings)
+        return {"path": path, "num_conversations": settings["num_conversations"]}
 
     out = {}
     extra = also_entries(data_cfg)
-    if any(p.startswith("regen:") for p, _ in extra):
-        # an also regen:SOURCE answers SOURCE's first num_conversations + heldout conversations: when SOURCE is
-        # data.path, that is every one data.path trains on (its held-out ones among them are then left out); a
-        # mapping entry's own regen settings make its set
-        out["also"] = [view(p, data_cfg.heldout, settings) for p, settings in extra]
+    if any(p.startswith("regen:") or s for p, s in extra):
+        out["also"] = [also_view(p, settings) for p, settings in extra]
     if str(data_cfg.path).startswith("regen:"):
         out.update(path=view(str(data_cfg.path)), num_conversations=None)
     return OmegaConf.merge(data_cfg, out) if out else data_cfg
@@ -294,11 +345,17 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
             + (f"; {a['held_out_ids']} left out: data.path holds their ids out" if a["held_out_ids"] else "")
         )
     vocab, stats, line = None, dict(data.stats), ""
-    if families.get(cfg.head.family).uses_draft_vocab(cfg.head):
-        pinned = sorted(special_ids(tokenizer))
-        vocab = build_draft_vocab(data.counts, cfg.head.draft_vocab_size, pinned_ids=pinned)
+    family = families.get(cfg.head.family)
+    if family.uses_draft_vocab(cfg.head):
+        if cfg.head.get("init_from"):  # the rows that head trained, whatever this data's most frequent tokens are
+            vocab = vocab_from_d2t(init_checkpoint(cfg.head, family)[1]["d2t"], cfg.target.vocab_size)
+            whose = f"head.init_from's draft vocab ({vocab.draft_vocab_size})"
+        else:
+            pinned = sorted(special_ids(tokenizer))
+            vocab = build_draft_vocab(data.counts, cfg.head.draft_vocab_size, pinned_ids=pinned)
+            whose = f"draft vocab {cfg.head.draft_vocab_size}"
         stats["draft_vocab_coverage"] = coverage = vocab.coverage(data.counts)
-        line = f"; draft vocab {cfg.head.draft_vocab_size} covers {coverage:.2%}"
+        line = f"; {whose} covers {coverage:.2%}"
     log(
         f"data: {len(data.train)} train / {len(data.heldout)} held-out samples, "
         f"{int(data.counts.sum())} supervised tokens{line}"
@@ -312,12 +369,12 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
 
 
 def build_mlp_speculator(cfg, target: Target, vocab=None):
-    """An MLP speculator for the target; from `init_from` (stage 2 continues stage 1) or fresh.
+    """A fresh MLP speculator for the target (with head.init_from, build_head then copies that head's weights in:
+    stage 2 continues stage 1).
 
     init=output starts each head from the target's lm_head and each stage's embedding from the target's
     input embedding (needs inner_dim == hidden size); random keeps the scale-preserving init.
     """
-    from draftsmith.train.checkpoint import load_head
     from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 
     hcfg = MLPSpeculatorConfig.from_run(cfg, target.config)
@@ -326,20 +383,9 @@ def build_mlp_speculator(cfg, target: Target, vocab=None):
         if vocab is None:
             raise ConfigError(f"head.draft_vocab_size={hcfg.draft_vocab_size}: the run built no draft vocab for it")
         head.set_vocab(vocab.d2t, vocab.t2d)
-    if cfg.init_from:  # its own d2t (the rows it trained) replaces this run's
-        meta, state = load_head(cfg.init_from)
-        if meta.get("family") != "mlp_speculator":
-            raise ConfigError(
-                f"head.init_from={cfg.init_from}: holds a {meta.get('family')!r} head, not mlp_speculator"
-            )
-        theirs = {k: v for k, v in meta["config"].items() if k != "target"}
-        ours = {k: v for k, v in hcfg.to_dict().items() if k != "target"}
-        if theirs != ours:
-            raise ConfigError(f"head.init_from={cfg.init_from}: its config {theirs} differs from this run's {ours}")
-        missing = head.load_state_dict(state, strict=False)
-        frozen_or_tied = set(head.state_dict()) - set(head.trainable_state_dict())
-        assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
-    elif cfg.init == "output":
+    if cfg.init_from:
+        return head  # build_head copies head.init_from's weights and draft vocab in
+    if cfg.init == "output":
         if hcfg.inner_dim != hcfg.emb_dim:
             raise ConfigError(f"head.init=output needs inner_dim == the target's hidden size {hcfg.emb_dim}")
         with torch.no_grad():

@@ -79,8 +79,14 @@ class DataConfig:
     # answers to it. Held-out comes from data.path alone, and a conversation of these whose id data.path holds out
     # is left out, so the target's answers to a held-out prompt never reach training
     # An entry may also be a mapping {path: regen:SOURCE, regen_temperature: 0.7, seed: 1} (keys: regen_temperature,
-    # regen_max_tokens, regen_turns, seed): that set is made with its own settings, e.g. sampled beside a greedy one
+    # regen_max_tokens, regen_turns, seed): that set is made with its own settings, e.g. sampled beside a greedy one;
+    # and {path: SOURCE, num_conversations: N} trains on that source's first N conversations (a regen: one answers
+    # only those): `draftsmith adapt` replays a share of a head's data this way
     also: list[Any] = field(default_factory=list)
+    # a file of conversation ids never trained on (a JSONL of {"id": ...} records such as another run's
+    # heldout_prompts.jsonl, or one id per line): `draftsmith adapt` keeps the adapted head off the held-out prompts
+    # it is judged on
+    exclude_ids: Optional[str] = None
     num_conversations: Optional[int] = None  # None = all
     heldout: int = 64  # conversations held out from training (eval + served prompts)
     max_length: int = 2048  # tokens per sample
@@ -201,9 +207,10 @@ REGEN_CHECKS = {
 
 
 def also_problems(entries, prompts_only: str) -> list[str]:
-    """config_problems' lines for data.also: each entry a source name, or a mapping of a regen: source and its own
-    regen settings."""
-    checks = {**REGEN_CHECKS, "seed": (lambda v: isinstance(v, int), "an integer sampling seed")}
+    """config_problems' lines for data.also: each entry a source name, or a mapping of a source and its own
+    settings (regen settings for a regen: source; num_conversations for any)."""
+    regen_only = {**REGEN_CHECKS, "seed": (lambda v: isinstance(v, int), "an integer sampling seed")}
+    checks = {**regen_only, "num_conversations": (lambda v: isinstance(v, int) and v >= 1, "conversations, >= 1")}
     problems = []
     for i, e in enumerate(entries or []):
         key = f"data.also[{i}]"
@@ -217,8 +224,13 @@ def also_problems(entries, prompts_only: str) -> list[str]:
             problems.append(f"{key}={e}: expected a source name or a mapping {{path: regen:SOURCE, ...}}")
             continue
         path = e.get("path")
-        if not isinstance(path, str) or not path.startswith("regen:"):
-            problems.append(f"{key}.path={path}: a mapping entry names a regen:SOURCE (its settings make that set)")
+        if not isinstance(path, str) or not path.strip():
+            problems.append(f"{key}.path={path}: a mapping entry names its source (path: regen:SOURCE, a file, ...)")
+        elif not path.startswith("regen:") and set(e.keys()) & set(regen_only):
+            problems.append(
+                f"{key}.path={path}: {', '.join(sorted(set(e.keys()) & set(regen_only)))} make a regen:SOURCE set; "
+                "this source is read as it is"
+            )
         for k in e.keys():
             if k == "path":
                 continue

@@ -88,6 +88,31 @@ def also(cfg) -> list[str]:
     return [path for path, _ in also_entries(cfg)]
 
 
+def read_excluded_ids(cfg) -> set[str]:
+    """data.exclude_ids: a JSONL of {"id": ...} records (a run's heldout_prompts.jsonl) or one id per line."""
+    path = getattr(cfg, "exclude_ids", None)
+    if not path:
+        return set()
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f'data.exclude_ids={path}: no such file (a JSONL of {{"id": ...}} records or one id per line)')
+    ids = set()
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                raise DataError(f'{p}:{n}: not JSON ({e}); data.exclude_ids reads {{"id": ...}} lines') from None
+            if "id" not in rec:
+                raise DataError(f'{p}:{n}: a record without "id"; data.exclude_ids reads {{"id": ...}} lines')
+            line = str(rec["id"])
+        ids.add(line)
+    return ids
+
+
 def source_id(conv_id: str) -> str:
     """The conversation a sample came from: its id without the `#w` of a window `split_windows` cut."""
     head, sep, tail = conv_id.rpartition("#")
@@ -106,6 +131,8 @@ def cache_key(cfg, tokenizer) -> str:
         "max_length": cfg.max_length,
         **({"overflow": overflow(cfg)} if overflow(cfg) != "truncate" else {}),  # older caches keep their keys
         **({"also": [_source_fingerprint(p) for p in also(cfg)]} if also(cfg) else {}),
+        **({"also_settings": [s for _, s in also_entries(cfg)]} if any(s for _, s in also_entries(cfg)) else {}),
+        **({"exclude_ids": _source_fingerprint(cfg.exclude_ids)} if getattr(cfg, "exclude_ids", None) else {}),
         "num_conversations": cfg.num_conversations,
         "heldout": cfg.heldout,
         "seed": cfg.seed,
@@ -201,10 +228,13 @@ def _build(cfg, tokenizer) -> PreparedData:
             f"{cfg.path}: no training conversations left ({read.kept} kept, {len(held)} held out)\n" + read.summary()
         )
     also_stats = []
-    for extra in also(cfg):  # every conversation of each, less those data.path holds out (by source id)
+    excluded = read_excluded_ids(cfg)
+    if excluded:
+        train_convs = [c for c in train_convs if source_id(c.id) not in excluded]
+    for extra, settings in also_entries(cfg):  # each (its first num_conversations), less those held out (by id)
         more = ReadStats()
-        convs_x = list(read_conversations(extra, stats=more))
-        kept = [c for c in convs_x if source_id(c.id) not in held_ids]
+        convs_x = list(read_conversations(extra, limit=settings.get("num_conversations"), stats=more))
+        kept = [c for c in convs_x if source_id(c.id) not in held_ids and source_id(c.id) not in excluded]
         train_convs += kept
         also_stats.append(
             {"source": extra, "read": more.summary(), "kept": len(kept), "held_out_ids": len(convs_x) - len(kept)}

@@ -40,13 +40,19 @@ from draftsmith.train.data.render import render_prompt
 SETTINGS = ("target", "data", "max_tokens", "temperature", "seed", "max_prompt_tokens")
 
 
-def first_prompts(data: str, limit: int | None, tokenizer, max_prompt_tokens: int) -> tuple[list[dict], int]:
+def first_prompts(
+    data: str, limit: int | None, tokenizer, max_prompt_tokens: int, last: bool = False
+) -> tuple[list[dict], int]:
     """[{id, messages (every message before the first answer: system, user), prompt_ids, source (the whole
     conversation)}] and how many were too long to keep. (eval/prompts.py `first_turns` keeps the first user
-    message alone, for served prompts.)"""
+    message alone, for served prompts.) last=True: every message up to the last user turn (a request with its
+    history, as `draftsmith adapt` reads traffic), answered at its end."""
     out, too_long, stats = [], 0, ReadStats()
     for conv in read_conversations(data, limit, stats, questions=True):  # prompts alone are fine: nothing to replace
-        k = next((i for i, m in enumerate(conv.messages) if m["role"] == "assistant"), len(conv.messages))
+        if last:
+            k = 1 + max(i for i, m in enumerate(conv.messages) if m["role"] == "user")
+        else:
+            k = next((i for i, m in enumerate(conv.messages) if m["role"] == "assistant"), len(conv.messages))
         ids = render_prompt(tokenizer, conv.messages[:k])
         if len(ids) > max_prompt_tokens:
             too_long += 1
@@ -170,10 +176,12 @@ def regenerate(
     threads: int | None = None,
     kv_cache_gib: int = 2,
     turns: int = 1,
+    last_turn: bool = False,
 ) -> dict:
     """Write (or finish writing) `out`; returns counts, generation speed and the ids of the prompts asked for.
     `turns`: answer each conversation's first `turns` user turns (see the module doc); the settings that make a
-    pool (SETTINGS) do not include it, so asking for more turns later extends the same file.
+    pool (SETTINGS) do not include it, so asking for more turns later extends the same file. `last_turn`: answer
+    each record's last user turn after its history instead (one turn; `draftsmith adapt`'s traffic).
 
     With vLLM, one engine with `threads` OpenMP threads (None: every core) answers `batch_size` prompts per call:
     on 2 cores, 2 threads ran 1.71x one thread, and two one-thread engines side by side no faster than that
@@ -193,12 +201,13 @@ def regenerate(
         "seed": seed,
         "max_prompt_tokens": max_prompt_tokens,
         "out": str(out_path),
+        **({"last_turn": True} if last_turn else {}),
     }
     meta_path = out_path.with_name(out_path.name + ".meta.json")
     if meta_path.is_file():
         old = json.loads(meta_path.read_text())
         old.update({k: _source_key(old[k]) for k in ("target", "data") if isinstance(old.get(k), str)})
-        diff = {k: (old.get(k), settings[k]) for k in SETTINGS if old.get(k) != settings[k]}
+        diff = {k: (old.get(k), settings.get(k)) for k in (*SETTINGS, "last_turn") if old.get(k) != settings.get(k)}
         if diff:
             raise ConfigError(
                 f"{out_path} was generated with other settings {diff} (old, new); use another --out or delete it"
@@ -208,7 +217,9 @@ def regenerate(
     backend = resolve_backend(backend)
 
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    prompts, too_long = first_prompts(data, num_conversations, tokenizer, max_prompt_tokens)
+    if last_turn and turns != 1:
+        raise ConfigError(f"regenerate: last_turn answers one turn per record, not turns={turns}")
+    prompts, too_long = first_prompts(data, num_conversations, tokenizer, max_prompt_tokens, last=last_turn)
     done = load_done(out_path)
     resumed = len(done)
     todo = [p for p in prompts if p["id"] not in done]

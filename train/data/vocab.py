@@ -76,6 +76,12 @@ def _from_targets(draft_to_target: torch.Tensor, vocab_size: int) -> DraftVocab:
     return DraftVocab(d2t=d2t, t2d=t2d, draft_to_target=d2t_ids)
 
 
+def vocab_from_d2t(d2t: torch.Tensor, vocab_size: int) -> DraftVocab:
+    """The draft vocab a head's stored `d2t` offsets describe (a checkpoint's or an export's)."""
+    d2t = torch.as_tensor(d2t).long()
+    return _from_targets(torch.arange(d2t.numel()) + d2t, vocab_size)
+
+
 def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, pinned_ids: Sequence[int] = ()) -> DraftVocab:
     """The `draft_vocab_size` most frequent ids (ties: lower id first), always including `pinned_ids`."""
     counts = torch.as_tensor(counts)

@@ -123,6 +123,7 @@ EAGLE3 = Family(
         "num_layers",
         "loss",
         "loss_topk",
+        "init_from",
     ),
 )
 

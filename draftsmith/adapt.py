@@ -21,6 +21,7 @@ cached data and features made from the traffic. Exit status: 0 promoted, 3 judge
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -385,6 +386,26 @@ def forget(work: Path) -> int:
     return 0
 
 
+def traffic_sha1(prompts: list[dict]) -> str:
+    return hashlib.sha1("\n".join(p["id"] for p in prompts).encode()).hexdigest()
+
+
+def continue_record(work: Path, record: dict) -> dict:
+    """`record` for WORK, keeping the cache entries an earlier run there recorded; refused when that run adapted
+    another checkpoint or other traffic (its answers and run would mix in)."""
+    path = work / MARKER
+    if not path.is_file():
+        return record
+    old = json.loads(path.read_text())
+    for key, what in (("checkpoint", "checkpoint"), ("traffic_sha1", "traffic")):
+        if old.get(key) and old[key] != record[key]:
+            raise ConfigError(
+                f"{work} holds an adapt run of another {what} ({old.get(what)}); use another --work, or delete "
+                f"that one first (draftsmith adapt --forget {work})"
+            )
+    return {**old, **record, "private_paths": old.get("private_paths", [])}
+
+
 def private_paths(run_dir: Path) -> list[str]:
     """The cache entries the adapted run made from the traffic: its features and its prepared data."""
     import yaml
@@ -522,6 +543,8 @@ def main(argv: list[str]) -> int:
             json.dumps({"id": p["id"], "messages": p["messages"]}, ensure_ascii=False) + "\n" for p in rows
         ).encode()
 
+    if (work / MARKER).is_file():  # before anything in WORK is rewritten
+        continue_record(work, {"checkpoint": str(ckpt), "traffic_sha1": traffic_sha1(traffic.prompts)})
     atomic_write(work / "traffic_train.jsonl", jsonl(train_prompts))
     atomic_write(work / "traffic_heldout.jsonl", jsonl(held))
     head_heldout = run / "heldout_prompts.jsonl"
@@ -533,9 +556,12 @@ def main(argv: list[str]) -> int:
         "head": str(run),
         "checkpoint": str(ckpt),
         "traffic": str(args.traffic),
+        # what the work dir's answers and run were made from: a re-run continues them only for the same two
+        "traffic_sha1": traffic_sha1(traffic.prompts),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "private_paths": [],
     }
+    record = continue_record(work, record)
     atomic_write_json(work / MARKER, record)
     print(f"adapt: {len(train_prompts)} traffic prompts to train on, {len(held)} held out for judging; work dir {work}")
 
@@ -564,14 +590,14 @@ def main(argv: list[str]) -> int:
     validate_config(compose_config(overrides))  # a bad override fails here, before training starts
     (work / "overrides.txt").write_text("\n".join(overrides) + "\n")
     print(
-        f"adapt: replaying {n_replay} of HEAD's conversations (--replay {args.replay:g}); training for "
+        f"adapt: replaying up to {n_replay} of HEAD's conversations (--replay {args.replay:g}); training for "
         f"{args.minutes:g} minutes from {ckpt}",
         flush=True,
     )
     t0 = time.time()
     code = run_child([sys.executable, "-m", "draftsmith.train.run", *overrides])
     spent["prepare+train"] = round(time.time() - t0, 1)
-    record["private_paths"] = private_paths(work / "run")
+    record["private_paths"] = sorted(set(record["private_paths"]) | set(private_paths(work / "run")))
     atomic_write_json(work / MARKER, record)
     if code:
         print(
@@ -616,7 +642,7 @@ def main(argv: list[str]) -> int:
             "train": len(train_prompts),
             "heldout": len(held),
         },
-        "replay_conversations": n_replay,
+        "replay_conversations": replayed(work / "run", n_replay),
         "minutes": args.minutes,
         "judge_backend": args.judge,
         "judge": results,
@@ -640,6 +666,13 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"adapt: not promoted; {args.out} is as it was. Report: {report}")
     return NOT_PROMOTED
+
+
+def replayed(run_dir: Path, asked: int) -> int:
+    """HEAD's conversations the adapted run trained on: those asked for, less HEAD's held-out and too-long ones."""
+    path = run_dir / "data_stats.json"
+    stats = json.loads(path.read_text()) if path.is_file() else {}
+    return sum(a.get("kept", 0) for a in stats.get("also", [])) if "also" in stats else asked
 
 
 def last_metrics(run_dir: Path) -> dict:

@@ -206,7 +206,7 @@ def test_also_takes_a_size_and_exclude_ids_keeps_conversations_out(tmp_path, tok
     )
     data = prepare_data(cfg, tokenizer, None)
     held = {p["id"] for p in data.heldout_prompts}
-    assert data.stats["also"][0]["kept"] == 3  # x0, x2, x3: the first four less x1
+    assert data.stats["also"][0]["kept"] == 3 and data.stats["also"][0]["excluded_ids"] == 1  # x0, x2, x3; not x1
     assert data.stats["train_conversations"] == 12 - 2 - (0 if "c5" in held else 1) + 3
     without = prepare_data(OmegaConf.merge(cfg, {"exclude_ids": None, "also": []}), tokenizer, None)
     assert without.stats["train_conversations"] == 10
@@ -363,6 +363,12 @@ def test_adapt_promotes_a_winner_and_never_a_loser(head_run, tmp_path):
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "not promoted" in proc.stdout and "not above --min-gain 1000" in (work / "report.md").read_text()
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before and not (tmp_path / "exported.previous").exists()
+
+    # other traffic into the same work dir would mix two runs' answers: refused before anything there changes
+    other = code_traffic(tmp_path / "other.jsonl", n=12)
+    other.write_text(other.read_text().replace("Complete:", "Finish:"))
+    proc = adapt(head_run, other, out, work)
+    assert proc.returncode == 2 and f"{work} holds an adapt run of another traffic" in proc.stderr, proc.stderr[-2000:]
 
     # --forget: the work dir and the cache entries made from the traffic are gone
     private = json.loads((work / "adapt.json").read_text())["private_paths"]

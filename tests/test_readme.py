@@ -45,7 +45,12 @@ def parse_only(monkeypatch):
     def parse(self, args=None, namespace=None):
         raise Parsed(real(self, args, namespace))
 
+    def parse_intermixed(self, args=None, namespace=None):
+        raise Parsed(real_intermixed(self, args, namespace))
+
+    real_intermixed = argparse.ArgumentParser.parse_intermixed_args
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_intermixed_args", parse_intermixed)
 
 
 def check_training(argv: list[str]) -> None:
@@ -89,7 +94,7 @@ def test_every_bash_command_works_as_written(parse_only):
         else:
             assert rc == 0, f"README: `{line}` exits {rc}"
         seen.add(verb)
-    assert {"make", "train", "export", "eval", "regenerate", "extract"} <= seen
+    assert {"make", "train", "export", "eval", "regenerate", "extract", "adapt"} <= seen
 
 
 def test_every_python_block_compiles():

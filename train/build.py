@@ -343,6 +343,7 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
         log(
             f"data: + {a['kept']} training conversations from {a['source']} (data.also: {a['read']})"
             + (f"; {a['held_out_ids']} left out: data.path holds their ids out" if a["held_out_ids"] else "")
+            + (f"; {a['excluded_ids']} left out: data.exclude_ids names them" if a.get("excluded_ids") else "")
         )
     vocab, stats, line = None, dict(data.stats), ""
     family = families.get(cfg.head.family)

@@ -234,10 +234,17 @@ def _build(cfg, tokenizer) -> PreparedData:
     for extra, settings in also_entries(cfg):  # each (its first num_conversations), less those held out (by id)
         more = ReadStats()
         convs_x = list(read_conversations(extra, limit=settings.get("num_conversations"), stats=more))
+        held_x = [c for c in convs_x if source_id(c.id) in held_ids]
         kept = [c for c in convs_x if source_id(c.id) not in held_ids and source_id(c.id) not in excluded]
         train_convs += kept
         also_stats.append(
-            {"source": extra, "read": more.summary(), "kept": len(kept), "held_out_ids": len(convs_x) - len(kept)}
+            {
+                "source": extra,
+                "read": more.summary(),
+                "kept": len(kept),
+                "held_out_ids": len(held_x),
+                **({"excluded_ids": len(convs_x) - len(kept) - len(held_x)} if excluded else {}),
+            }
         )
     tallies = {
         name: {

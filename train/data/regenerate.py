@@ -226,7 +226,8 @@ def regenerate(
     if todo:
         todo = take_shipped(target_path, data, settings, backend, todo, done, out_path)
     print(
-        f"regenerate: {len(prompts)} first turns from {data} ({too_long} prompts over {max_prompt_tokens} tokens "
+        f"regenerate: {len(prompts)} {'requests' if last_turn else 'first turns'} from {data} ({too_long} prompts "
+        f"over {max_prompt_tokens} tokens "
         f"skipped), {len(done)} already in {out_path}, {len(todo)} to go, backend {backend}",
         flush=True,
     )

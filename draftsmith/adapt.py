@@ -348,13 +348,22 @@ def plot_report(rows: dict, gains: dict, path: Path) -> None:
     workloads = list(rows)
     fig, ax = plt.subplots(figsize=(5.6, 3.4))
     width = 0.38
+    top = 1.0
     for i, name in enumerate(("current", "adapted")):
         ys = [rows[w].get(name, {}).get("tokens_per_target_step") or 0 for w in workloads]
         ax.bar([x + (i - 0.5) * width for x in range(len(workloads))], ys, width, label=name)
+        top = max(top, *ys)
+    best = [
+        max((rows[w].get(m, {}).get("tokens_per_target_step") or 0) for m in ("ngram", "suffix")) for w in workloads
+    ]
+    if any(best):  # --baselines: the better training-free method per workload
+        ax.scatter(range(len(workloads)), best, marker="_", s=900, color="black", label="best of ngram / suffix")
+        top = max(top, *best)
     ax.set_xticks(range(len(workloads)), [f"{w}\n{gains[w]:.2f}x" if w in gains else w for w in workloads])
     ax.set_ylabel("tokens per target step")
+    ax.set_ylim(0, top * 1.3)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", ncol=3, markerscale=0.4)
     ax.set_title("draftsmith adapt: HEAD against the adapted head")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -634,7 +643,7 @@ def main(argv: list[str]) -> int:
         "out": str(args.out),
         "traffic": {
             "file": str(args.traffic),
-            "summary": traffic.summary(),
+            "summary": traffic.summary(with_path=False),
             "requests": traffic.records,
             "unique": len(traffic.prompts),
             "duplicates": traffic.duplicates,

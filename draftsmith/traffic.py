@@ -47,13 +47,13 @@ class Traffic:
     problems: list[str] = field(default_factory=list)  # "FILE:LINE: why"
     log_lines_without_body: int = 0
 
-    def summary(self) -> str:
+    def summary(self, with_path: bool = True) -> str:
         parts = [plural(self.records, "request"), f"{plural(len(self.prompts), 'unique prompt')}"]
         if self.duplicates:
             parts.append(f"{plural(self.duplicates, 'repeat')} counted once")
         if self.problems:
             parts.append(f"{len(self.problems)} skipped")
-        return f"{self.path}: " + ", ".join(parts)
+        return (f"{self.path}: " if with_path else "") + ", ".join(parts)
 
 
 def plural(n: int, word: str) -> str:

@@ -11,14 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_train import conversations
+from test_train import conversations, data_file, run_train  # noqa: F401  (data_file: the module-scoped fixture)
 
 from draftsmith.adapt import decide, hydra_value, replay_entries, saved_overrides
 from draftsmith.errors import ConfigError, DataError
 from draftsmith.traffic import prompt_id, read_traffic, split_heldout
-
-ROOT = Path(__file__).resolve().parent.parent
-RUN = ROOT / "train" / "run.py"
 
 
 def write_lines(path: Path, lines) -> Path:
@@ -273,41 +270,10 @@ def test_init_from_continues_a_head_and_refuses_another_shape(tmp_path, tiny_tar
 
 
 @pytest.fixture(scope="module")
-def head_run(tiny_target_dir, tmp_path_factory):
-    """A tiny chat-trained head (the whole vocab, so a random target's picks are draftable), 8 steps."""
-    root = tmp_path_factory.mktemp("adapt")
-    data = write_lines(root / "chats.jsonl", conversations(40))
-    out = root / "head"
-    args = [
-        sys.executable,
-        str(RUN),
-        "conf=eagle3_smollm2",
-        f"target.name_or_path={tiny_target_dir}",
-        "target.hidden_size=128",
-        "target.num_hidden_layers=6",
-        "target.vocab_size=49152",
-        "target.aux_layer_ids=[1,3,4]",
-        f"data.path={data}",
-        "data.also=[]",
-        "data.num_conversations=32",
-        "data.heldout=4",
-        "data.max_length=96",
-        "data.max_tokens_per_batch=512",
-        "data.max_batch_size=4",
-        "data.regen_max_tokens=24",
-        "head.draft_vocab_size=49152",
-        "optim.max_steps=8",
-        "optim.warmup_steps=2",
-        "optim.max_minutes=null",
-        "eval_every=4",
-        "save_every=4",
-        "eval_batches=1",
-        "wandb.mode=disabled",
-        f"output_dir={out}",
-    ]
-    env = {**os.environ, "WANDB_MODE": "disabled", "DRAFTSMITH_CACHE": str(root / "cache")}
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env, cwd=root)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+def head_run(tiny_target_dir, data_file):  # noqa: F811
+    """A tiny chat-trained head of tests/test_train.py (the whole vocab, so a random target's picks are draftable)."""
+    out = data_file.parent / "head"
+    run_train(tiny_target_dir, data_file, out, "head.draft_vocab_size=49152", "data.regen_max_tokens=24")
     return out
 
 
@@ -324,7 +290,8 @@ def adapt(head, traffic, out, work, *extra, judge="reference"):
     args = [sys.executable, "-m", "draftsmith.cli", "adapt", str(head), "--traffic", str(traffic), "--out", str(out)]
     args += ["--work", str(work), "--skip-invalid", "--regen-backend", "hf", "--judge", judge]
     args += ["--workloads", "traffic,chat", "--num-prompts", "3", "--max-tokens", "12", "--minutes", "1"]
-    args += [*extra, "optim.max_steps=16", "optim.max_minutes=null", "eval_every=8", "save_every=8"]
+    # HEAD trained on online features; its adapted run extracts its own, as the presets do
+    args += [*extra, "data.features=offline", "optim.max_steps=16", "optim.max_minutes=null", "eval_every=8"]
     env = {**os.environ, "WANDB_MODE": "disabled", "DRAFTSMITH_CACHE": str(head.parent / "cache")}
     return subprocess.run(args, capture_output=True, text=True, timeout=900, env=env, cwd=head.parent)
 
@@ -372,7 +339,7 @@ def test_adapt_promotes_a_winner_and_never_a_loser(head_run, tmp_path):
 
     # --forget: the work dir and the cache entries made from the traffic are gone
     private = json.loads((work / "adapt.json").read_text())["private_paths"]
-    assert private and all(Path(p).exists() for p in private)
+    assert len(private) == 2 and all(Path(p).exists() for p in private)  # its prepared data and its features
     env = {**os.environ, "DRAFTSMITH_CACHE": str(head_run.parent / "cache")}
     subprocess.run([sys.executable, "-m", "draftsmith.cli", "adapt", "--forget", str(work)], check=True, env=env)
     assert not work.exists() and not any(Path(p).exists() for p in private)

@@ -119,7 +119,9 @@ def load_done(out: Path) -> dict[str, dict]:
     if not out.is_file():
         return {}
     done, lines = read_pool(out)
-    atomic_write(out, b"".join(lines.values()))
+    clean = b"".join(lines.values())
+    if clean != out.read_bytes():  # a clean file is left as it is (its mtime keys the prepared-data cache)
+        atomic_write(out, clean)
     return done
 
 

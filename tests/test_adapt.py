@@ -324,8 +324,13 @@ def test_adapt_promotes_a_winner_and_never_a_loser(head_run, tmp_path):
     replayed = min(trained, len(answered))  # --replay 0.5: as many of HEAD's as the traffic's
     assert run_cfg["data"]["also"] == [{"path": str(head_run.parent / "chats.jsonl"), "num_conversations": replayed}]
 
-    # judged again under a bar it cannot reach: not promoted, the export in place untouched
+    # a run that fails (here: an override its config check refuses) promotes nothing and leaves the export as it is
     before = {p.name: p.read_bytes() for p in out.iterdir()}
+    proc = adapt(head_run, traffic, out, work, "optim.lr=-1")
+    assert proc.returncode == 2 and "optim.lr" in proc.stderr, proc.stderr[-2000:]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+    # judged again under a bar it cannot reach: not promoted, the export in place untouched
     proc = adapt(head_run, traffic, out, work, "--min-gain", "1000")
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "not promoted" in proc.stdout and "not above --min-gain 1000" in (work / "report.md").read_text()

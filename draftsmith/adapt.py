@@ -207,13 +207,13 @@ def judge_reference(args, target: str, files: dict[str, Path], heads: dict[str, 
     from transformers import AutoTokenizer
 
     from draftsmith.eval.prompts import load_prompts, render_prompts
-    from draftsmith.eval.reference_decoder import NoDrafter, decode_prompts, load_head_drafter
+    from draftsmith.eval.reference_decoder import NoDrafter, decode_prompts, generation_stop_ids, load_head_drafter
     from draftsmith.train.target import Target
 
     torch.set_grad_enabled(False)
     tokenizer = AutoTokenizer.from_pretrained(target)
     model = Target.from_pretrained(target, _aux_ids(heads))
-    stop = tuple(i for i in [tokenizer.eos_token_id] if i is not None)
+    stop = generation_stop_ids(tokenizer, target)  # the eos ids vLLM stops on
     drafters = {"none": NoDrafter()}
     drafters.update({n: load_head_drafter(n, d, model)[0] for n, d in heads.items()})
     results = {}
@@ -552,15 +552,6 @@ def main(argv: list[str]) -> int:
             json.dumps({"id": p["id"], "messages": p["messages"]}, ensure_ascii=False) + "\n" for p in rows
         ).encode()
 
-    if (work / MARKER).is_file():  # before anything in WORK is rewritten
-        continue_record(work, {"checkpoint": str(ckpt), "traffic_sha1": traffic_sha1(traffic.prompts)})
-    atomic_write(work / "traffic_train.jsonl", jsonl(train_prompts))
-    atomic_write(work / "traffic_heldout.jsonl", jsonl(held))
-    head_heldout = run / "heldout_prompts.jsonl"
-    if head_heldout.is_file():
-        shutil.copy2(head_heldout, work / "head_heldout.jsonl")
-    else:
-        (work / "head_heldout.jsonl").write_text("")
     record = {
         "head": str(run),
         "checkpoint": str(ckpt),
@@ -570,7 +561,14 @@ def main(argv: list[str]) -> int:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "private_paths": [],
     }
-    record = continue_record(work, record)
+    record = continue_record(work, record)  # refused here, before anything in WORK is rewritten
+    atomic_write(work / "traffic_train.jsonl", jsonl(train_prompts))
+    atomic_write(work / "traffic_heldout.jsonl", jsonl(held))
+    head_heldout = run / "heldout_prompts.jsonl"
+    if head_heldout.is_file():
+        shutil.copy2(head_heldout, work / "head_heldout.jsonl")
+    else:
+        (work / "head_heldout.jsonl").write_text("")
     atomic_write_json(work / MARKER, record)
     print(f"adapt: {len(train_prompts)} traffic prompts to train on, {len(held)} held out for judging; work dir {work}")
 

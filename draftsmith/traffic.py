@@ -224,6 +224,8 @@ def problem_lines(traffic: Traffic, verdict: str) -> str:
 
 def split_heldout(prompts: list[dict], n: int, salt: str = "adapt") -> tuple[list[dict], list[dict]]:
     """(train, held-out): the n prompts with the smallest sha1(salt, id) are held out, whatever the file's order."""
-    rank = sorted(prompts, key=lambda p: hashlib.sha1(f"{salt}:{p['id']}".encode()).hexdigest())
+    from draftsmith.train.data.conversations import rank_key
+
+    rank = sorted(prompts, key=lambda p: rank_key(salt, p["id"]))
     held = {p["id"] for p in rank[:n]}
     return [p for p in prompts if p["id"] not in held], [p for p in prompts if p["id"] in held]

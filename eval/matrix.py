@@ -28,6 +28,7 @@ from draftsmith.eval.reference_decoder import (
     alpha_from_tau,
     decode_prompts,
     expected_speedup,
+    generation_stop_ids,
     load_drafter,
     load_head_drafter,
 )
@@ -166,7 +167,7 @@ def run_matrix(
         raise ValueError(f"k values must be >= 1, got {ks}")
     target = resolve_target(str(target))
     tokenizer = AutoTokenizer.from_pretrained(target)
-    stop_ids = tuple(sorted({i for i in [tokenizer.eos_token_id, *_generation_eos(target)] if i is not None}))
+    stop_ids = generation_stop_ids(tokenizer, target)
     served_heads, head_info = _prepare_heads(heads, target, out, log, AutoConfig.from_pretrained(target))
     names = list(dict.fromkeys([*methods, *heads]))
     oracle_members = oracle_sets(names, list(heads)) if reference and oracle and 0 in temperatures else {}
@@ -461,15 +462,6 @@ def _aux_ids(path: str) -> list[int] | None:
     from draftsmith.train.checkpoint import read_head
 
     return read_head(path)[1].get("aux_layer_ids")
-
-
-def _generation_eos(target: str) -> list[int]:
-    """eos ids from generation_config.json (what vLLM stops on), as a list."""
-    f = Path(target) / "generation_config.json"
-    if not f.is_file():
-        return []
-    eos = json.loads(f.read_text()).get("eos_token_id")
-    return [eos] if isinstance(eos, int) else list(eos or [])
 
 
 def _served_vs_none(row: dict, none_row: dict, k: int, temp: float) -> dict:

@@ -23,6 +23,7 @@ Drafters share one small interface (`Drafter`): `start(prompt)`, `observe(start,
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -482,6 +483,14 @@ def speculative_generate(
 def _rows(f: Features, n: int) -> Features:
     """The first n rows of a batch-1 forward's features, as [n, ...] tensors."""
     return Features(aux=f.aux[0, :n], last=f.last[0, :n], logits=f.logits[0, :n])
+
+
+def generation_stop_ids(tokenizer, target: str | Path) -> tuple[int, ...]:
+    """The ids a greedy decode stops on, as vLLM does: the tokenizer's eos and generation_config.json's."""
+    f = Path(target) / "generation_config.json"
+    eos = json.loads(f.read_text()).get("eos_token_id") if f.is_file() else None
+    extra = [eos] if isinstance(eos, int) else list(eos or [])
+    return tuple(sorted({i for i in [tokenizer.eos_token_id, *extra] if i is not None}))
 
 
 def decode_prompts(

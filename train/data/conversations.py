@@ -452,7 +452,8 @@ def _kept(
             return
 
 
-def _rank_key(seed: int, conv_id: str) -> str:
+def rank_key(seed: int | str, conv_id: str) -> str:
+    """The sha1 held-out splits rank ids by (the smallest are held out): independent of the data's order."""
     return hashlib.sha1(f"{seed}:{conv_id}".encode("utf-8")).hexdigest()
 
 
@@ -461,7 +462,7 @@ def split_heldout(convs: Iterable[Conversation], n_heldout: int, seed: int) -> t
     convs = list(convs)
     if n_heldout < 0:
         raise ValueError(f"n_heldout must be >= 0, got {n_heldout}")
-    ids = sorted({c.id for c in convs}, key=lambda i: (_rank_key(seed, i), i))
+    ids = sorted({c.id for c in convs}, key=lambda i: (rank_key(seed, i), i))
     per_id: dict[str, int] = {}
     for c in convs:
         per_id[c.id] = per_id.get(c.id, 0) + 1

@@ -9,10 +9,12 @@ final weights bit-identical, and allow 1e-6 relative for other reduction orders.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -194,3 +196,97 @@ def test_micro_batch_losses_sum_to_the_global_token_mean(tiny_model):
         for b in range(2)
     ]
     assert abs((local[0].loss + local[1].loss).item() / 2 - whole.loss.item()) > 1e-3  # mean of means differs
+
+
+FSDP_ENV = {  # what `accelerate launch --config_file conf/accelerate/fsdp.yaml` sets for its processes
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_VERSION": "2",
+    "FSDP_RESHARD_AFTER_FORWARD": "true",
+    "FSDP_AUTO_WRAP_POLICY": "NO_WRAP",
+    "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT",
+}
+
+
+def two_processes(args, cwd, extra_env=None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(RUN), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**env(), **(extra_env or {})}, cwd=cwd)
+
+
+def test_fsdp_equals_ddp_and_resumes_exactly(tiny_target_dir, tmp_path):
+    """FSDP2 over 2 CPU processes (gloo) trains what DDP trains, 20 steps, and a run resumed from its step-10
+    checkpoint continues it exactly (weights and AdamW state gathered into the checkpoint, scattered back)."""
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in chats(80)))
+    steps = ["optim.max_steps=20", "save_every=10", "keep_checkpoints=3", "optim.name=adamw", "optim.lr=3e-3"]
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    p = two_processes(tiny_args(tiny_target_dir, data, ddp, *steps), tmp_path)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    assert "FSDP2 on CPU" not in p.stdout + p.stderr
+    p = two_processes(tiny_args(tiny_target_dir, data, fsdp, *steps), tmp_path, FSDP_ENV)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    assert "FSDP2 on CPU (gloo)" in p.stdout + p.stderr  # it really sharded (accelerate alone would run DDP)
+    a, b = curve(ddp), curve(fsdp)
+    assert len(a) == len(b) == 20 and [t for _, t in a] == [t for _, t in b]
+    assert a[-1][0] < a[0][0]
+    worst = max(abs(la - lb) / abs(la) for (la, _), (lb, _) in zip(a, b))
+    print(
+        f"\nDDP  {[round(x, 5) for x, _ in a]}\nFSDP {[round(x, 5) for x, _ in b]}\nlargest relative diff {worst:.2e}"
+    )
+    assert worst <= 1e-4, (a, b)
+    evals = [
+        [r for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "eval/loss" in r]
+        for d in (ddp, fsdp)
+    ]  # held-out eval calls the sharded head whole (gathered), and gets what DDP's whole head gets
+    assert len(evals[0]) == len(evals[1]) == 1
+    assert evals[0][0]["eval/loss"] == pytest.approx(evals[1][0]["eval/loss"], rel=1e-5)
+    final = "checkpoints/step_00000020/head.safetensors"
+    wa, wb = load_file(ddp / final), load_file(fsdp / final)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-5, msg=k)
+
+    # resume: the run as a kill after step 10's checkpoint would leave it, continued under FSDP
+    resumed = tmp_path / "resumed"
+    shutil.copytree(fsdp, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_00000020")
+    p = two_processes(tiny_args(tiny_target_dir, data, resumed, *steps, "resume=auto"), tmp_path, FSDP_ENV)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-6000:]
+    assert "resumed from" in p.stdout + p.stderr
+    c = curve(resumed)
+    assert [t for _, t in c] == [t for _, t in b]
+    assert c == b, (b, c)  # every loss after the resume as in the uninterrupted run, bit for bit
+    wc = load_file(resumed / final)
+    for k in wb:
+        assert torch.equal(wb[k], wc[k]), k
+    oa = torch.load(fsdp / "checkpoints/step_00000020/trainer.pt", weights_only=False)["optimizer"]
+    oc = torch.load(resumed / "checkpoints/step_00000020/trainer.pt", weights_only=False)["optimizer"]
+    assert oa["state"].keys() == oc["state"].keys() and len(oa["state"]) > 0
+    for name, st in oa["state"].items():
+        for key, v in st.items():
+            assert torch.equal(v, oc["state"][name][key]), (name, key)
+
+    # a checkpoint saved under FSDP is not resumed under DDP (its optimizer state is keyed by name), and says so
+    p = two_processes(tiny_args(tiny_target_dir, data, resumed, *steps, "optim.max_steps=30", "resume=auto"), tmp_path)
+    assert p.returncode != 0
+    # our paragraph, from each rank; the only traceback is torchrun's own report of a failed child
+    assert "train: error:" in p.stderr and "saved by a run under FSDP" in p.stderr, p.stderr[-3000:]
+    assert f'File "{ROOT / "train"}' not in p.stderr and f'File "{ROOT / "draftsmith"}' not in p.stderr
+
+
+def test_deepspeed_on_cpu_is_refused_and_fsdp_is_asked_for(monkeypatch):
+    """A DeepSpeed launch without a GPU gets one paragraph (accelerate would start no process group); a launch that
+    asks for no FSDP is left as it is."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from draftsmith.errors import ConfigError
+    from draftsmith.train.sharded import use_fsdp_on_cpu
+
+    acc = SimpleNamespace(device=torch.device("cpu"), state=SimpleNamespace(distributed_type=DistributedType.NO))
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ConfigError, match="fsdp.yaml"):
+        use_fsdp_on_cpu(acc)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    assert use_fsdp_on_cpu(acc) is False and acc.state.distributed_type == DistributedType.NO

@@ -263,19 +263,20 @@ def save_run_state(
     family: str,
     head_config: dict,
     metrics: dict,
-    optimizer,
+    optimizer_state: dict,
     scheduler,
     global_batch: int,
     elapsed_s: float,
     config: dict,
     keep: int,
 ) -> Path:
-    """One checkpoint of a training run: the head (+ its config and last metrics) and everything resume needs."""
+    """One checkpoint of a training run: the head (+ its config and last metrics) and everything resume needs.
+    `optimizer_state`: the optimizer's whole state (`optimizer.state_dict()`, or a sharded head's gathered one)."""
     meta = {"family": family, "config": head_config, "step": pos.step, "tokens": pos.tokens, "metrics": metrics}
     if config.get("fast_bf16") is not None:  # the precision decision a resumed run keeps (recorded_fast_bf16)
         meta["fast_bf16"] = config["fast_bf16"]
     trainer = {
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "scheduler": scheduler.state_dict(),
         "step": pos.step,
         "epoch": pos.epoch,
@@ -302,9 +303,10 @@ def recorded_fast_bf16(run_dir: Path, resume: str | None) -> tuple[bool, Path] |
     return None if value is None else (bool(value), ckpt)
 
 
-def restore_run_state(ckpt: Path, head, optimizer, scheduler, world: int, accum: int) -> Position:
+def restore_run_state(ckpt: Path, head, optimizer, scheduler, world: int, accum: int, load_sharded=None) -> Position:
     """Load head weights, optimizer, scheduler and RNG from `ckpt`, refusing one made for another head, draft
-    vocab or global batch; returns where the run stood."""
+    vocab or global batch; returns where the run stood. `load_sharded(weights, optimizer_state)`: how a sharded
+    (FSDP) head takes its whole weights and optimizer state; None for a head every rank holds whole."""
     state = load_trainer_state(ckpt)
     group = state.get("global_batch", world * accum)
     if group != world * accum:  # the data position counts optimizer steps of `group` micro-batches
@@ -322,10 +324,23 @@ def restore_run_state(ckpt: Path, head, optimizer, scheduler, world: int, accum:
             f"{ckpt}: its draft vocab differs from the one this run built from the data "
             f"(data.path, data.num_conversations or head.draft_vocab_size changed)"
         )
-    missing = head.load_state_dict(weights, strict=False)
+    from draftsmith.train.sharded import sharded_layout
+
+    if sharded_layout(state["optimizer"]) != (load_sharded is not None):
+        saved, now = ("FSDP", "DDP or one process") if load_sharded is None else ("DDP or one process", "FSDP")
+        raise CheckpointError(
+            f"{ckpt} was saved by a run under {saved}; this run uses {now}: resume it under the layout that "
+            f"saved it (its optimizer state is keyed differently), or start a new run with head.init_from={ckpt}"
+        )
     frozen_or_tied = set(head.state_dict()) - set(head.trainable_state_dict())  # e.g. embed_tokens, tied stages
-    assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
-    optimizer.load_state_dict(state["optimizer"])
+    if load_sharded is not None:
+        unknown = set(weights) - set(head.state_dict())
+        assert not unknown, unknown
+        load_sharded(weights, state["optimizer"])
+    else:
+        missing = head.load_state_dict(weights, strict=False)
+        assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return Position(state["step"], state["epoch"], state["cursor"], state["tokens"], state.get("elapsed_s", 0.0))

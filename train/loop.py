@@ -4,6 +4,7 @@ per-head CE, train/objective.py) -> loss -> backward -> clip -> step -> log."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import signal
@@ -25,6 +26,7 @@ from draftsmith.train.data.dataset import collate, epoch_batches, make_batches
 from draftsmith.train.features.sources import build_feature_source, heldout_feature_source
 from draftsmith.train.objective import build_objective
 from draftsmith.train.optim import build_optimizer
+from draftsmith.train.sharded import full_model_state, full_optimizer_state, gathered, is_sharded, load_full_state
 
 
 class NonFiniteLoss(DraftsmithError, RuntimeError):
@@ -199,7 +201,7 @@ def forward_backward(
 @torch.no_grad()
 def calibrate_fc_input(head, features, data, cfg, accelerator, pad_id: int) -> None:
     """head.fc_outlier_ratio: fc's input channel RMS over the first batch of every rank, then the head's scale."""
-    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+    if is_sharded(accelerator):
         raise ConfigError("head.fc_outlier_ratio needs the whole head on every rank: use DDP or one process")
     idx = epoch_batches(data, cfg, 0, accelerator.process_index, accelerator.num_processes)[0]
     batch = {k: v.to(accelerator.device) for k, v in collate([data.train[i] for i in idx], pad_id).items()}
@@ -300,7 +302,8 @@ class Session:
         if not self.data.heldout:
             return {}
         a = self.accelerator
-        out = evaluate(self.cfg, self.raw, self.target, self.data.heldout, a.device, a.autocast, self.heldout)
+        with gathered(self.model):  # a sharded head is called whole, outside its wrapped forward
+            out = evaluate(self.cfg, self.raw, self.target, self.data.heldout, a.device, a.autocast, self.heldout)
         print0(
             a,
             f"\n[eval step {self.pos.step}] acc per step {[round(x, 3) for x in out.get('eval/acc', [])]}, "
@@ -313,10 +316,14 @@ class Session:
         a = self.accelerator
         a.wait_for_everyone()
         weights = self.raw.trainable_state_dict()
-        if a.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        optimizer_state = None
+        if is_sharded(a):
             # a sharded head: gather the full tensors (a collective, so every rank calls it); keys gain "head."
-            full = a.get_state_dict(self.model)
+            fsdp = a.distributed_type == DistributedType.FSDP
+            full = full_model_state(self.model) if fsdp else a.get_state_dict(self.model)
             weights = {k: full["head." + k] for k in weights} if a.is_main_process else {}
+            if fsdp:  # the optimizer's shards too: an exact resume
+                optimizer_state = full_optimizer_state(self.model, self.optimizer)
         if a.is_main_process:
             save_run_state(
                 Path(self.cfg.output_dir),
@@ -325,7 +332,7 @@ class Session:
                 self.objective.family,
                 self.raw.config.to_dict(),
                 metrics,
-                self.optimizer,
+                self.optimizer.state_dict() if optimizer_state is None else optimizer_state,
                 self.scheduler,
                 self.world * self.accum,
                 time.time() - self.start,
@@ -345,7 +352,6 @@ def start_session(cfg, head, target, data, accelerator, tracker=None) -> Session
     """Optimizer, schedule, accelerate, feature sources, and the run's state restored when resuming."""
     run_dir = Path(cfg.output_dir)
     target.to(accelerator.device)
-    trainable = [p for p in head.parameters() if p.requires_grad]
     optimizer = build_optimizer(cfg.optim, head, accelerator.distributed_type.name)
     world, accum, rank = accelerator.num_processes, cfg.optim.grad_accum, accelerator.process_index
     per_epoch = len(epoch_batches(data, cfg, 0, rank, world)) // accum
@@ -368,6 +374,7 @@ def start_session(cfg, head, target, data, accelerator, tracker=None) -> Session
         accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
     model, optimizer = accelerator.prepare(objective.wrap(head), optimizer)
     raw = accelerator.unwrap_model(model).head
+    trainable = [p for p in raw.parameters() if p.requires_grad]  # FSDP replaces the parameters with shards
     features = build_feature_source(cfg, target, objective.vocab_ids(raw), data, objective.family, accelerator)
     # offline: eval from disk too; stream: from the producer process
     heldout = heldout_feature_source(cfg, target, objective.vocab_ids(raw), data, features)
@@ -377,7 +384,10 @@ def start_session(cfg, head, target, data, accelerator, tracker=None) -> Session
     )  # fmt: skip
     if cfg.resume:
         ckpt = resolve_checkpoint(run_dir if cfg.resume == "auto" else cfg.resume)
-        s.pos = restore_run_state(ckpt, raw, optimizer, scheduler, world, accum)
+        sharded = None
+        if accelerator.distributed_type == DistributedType.FSDP:
+            sharded = functools.partial(load_full_state, model, optimizer, "head.")
+        s.pos = restore_run_state(ckpt, raw, optimizer, scheduler, world, accum, load_sharded=sharded)
         if accelerator.is_main_process:  # lines a kill left past the checkpoint (steps redone now), a torn one
             trim_metrics(run_dir / "metrics.jsonl", s.pos.step)
         print0(accelerator, f"resumed from {ckpt} at step {s.pos.step} (epoch {s.pos.epoch}, batch {s.pos.cursor})")

@@ -59,6 +59,7 @@ def run(cfg: DictConfig) -> dict:
     from draftsmith.train.checkpoint import check_run_dir, clear_run_dir, recorded_fast_bf16, verify_checkpoint
     from draftsmith.train.config import validate_config
     from draftsmith.train.loop import print0, train
+    from draftsmith.train.sharded import use_fsdp_on_cpu
 
     validate_config(cfg)
     if cfg.dry_run:  # shapes only: no weights, no data, no accelerator
@@ -90,6 +91,11 @@ def run(cfg: DictConfig) -> dict:
     accelerator = Accelerator(mixed_precision=("bf16" if fast else "no") if mp == "auto" else mp)
     torch.manual_seed(cfg.seed)
     log = functools.partial(print0, accelerator)
+    if use_fsdp_on_cpu(accelerator):
+        log(
+            f"FSDP2 on CPU (gloo): the head's weights, gradients and optimizer state sharded over "
+            f"{accelerator.num_processes} processes"
+        )
     speed = "faster" if fast else "not faster"
     log(f"precision: bf16 kernels {speed} here ({source}); autocast {accelerator.mixed_precision}")
     if recorded is not None and recorded[0] != fast:

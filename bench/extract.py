@@ -2,6 +2,10 @@
 per head family and storage dtype, peak RSS.
 
     OMP_NUM_THREADS=1 python bench/extract.py --samples 32 --max-length 512 --out bench/results/2026-11-22/extract.md
+    python bench/extract.py --samples 64 --max-length 1024 --vllm --out bench/results/2026-11-29/extract_vllm.md
+
+`--vllm` adds `draftsmith extract --backend vllm` (the serving engine's prefill) on the same samples, run as the
+user runs it, in its own process: its rate excludes the engine's start-up, which is reported beside it.
 
 The samples are the first ShareGPT conversations rendered as `conf=eagle3_smollm2 data.path=sharegpt` renders
 them. The plain forward is `model(input_ids, attention_mask)` (the HF causal LM with its full-vocab logits) and
@@ -12,6 +16,7 @@ the backbone alone (`model.model`, no lm_head) over the same length-sorted group
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import sys
 import tempfile
@@ -40,11 +45,29 @@ def plain_forward_rate(target, samples, groups, pad_id: int, backbone: bool) -> 
     return tokens / elapsed, tokens / cpu
 
 
+def vllm_extract(overrides: list[str], out: Path, store: str) -> dict:
+    """`draftsmith extract --backend vllm` in its own process: its summary line's figures and the engine start-up."""
+    import re
+    import subprocess
+
+    cmd = [sys.executable, "-m", "draftsmith.cli", "extract", "--backend", "vllm", "--dtype", store, "--out", str(out)]
+    p = subprocess.run([*cmd, *overrides], capture_output=True, text=True)
+    log = p.stdout + p.stderr
+    if p.returncode != 0:
+        raise RuntimeError(f"draftsmith extract --backend vllm failed:\n{log[-3000:]}")
+    m = re.search(r"extract: \d+ samples / (\d+) tokens in ([\d.]+) s = (\d+) tok/s", log)
+    start = re.search(r"vLLM engine ready in (\d+) s", log)
+    manifest = json.loads((out / "manifest.json").read_text())
+    tokens, seconds = int(m.group(1)), float(m.group(2))
+    return {"store": store, "tok_per_s": tokens / seconds, "start_s": float(start.group(1)), "bytes": manifest["bytes"]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=32, help="training conversations to extract")
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--out", default=None, help="also write the markdown here")
+    p.add_argument("--vllm", action="store_true", help="also time draftsmith extract --backend vllm")
     args = p.parse_args(argv)
 
     from draftsmith.train.build import build_run
@@ -85,6 +108,9 @@ def main(argv=None) -> int:
                     compose(base + head), Path(tmp) / f"{family}-{store}", dtype=store, log=quiet, inputs=inputs
                 )
                 rows.append((family, store, s))
+        engine = (
+            vllm_extract(base, Path(tmp) / "vllm", "bf16" if dtype == "bfloat16" else "fp32") if args.vllm else None
+        )
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     lines = [
@@ -115,6 +141,13 @@ def main(argv=None) -> int:
         lines.append(
             f"| `draftsmith extract`, {family}, {store} | {cpu_rate:.0f} | {hf_logits[1] / cpu_rate:.2f} | "
             f"{s['tok_per_s']:.0f} | {s['tok_per_s'] * flops_per_token / peak:.0%} |"
+        )
+    if engine is not None:
+        lines.append(
+            f"| `draftsmith extract --backend vllm`, eagle3, {engine['store']} (engine start-up "
+            f"{engine['start_s']:.0f} s not counted; the engine's threads are not this process's) | — | — | "
+            f"{engine['tok_per_s']:.0f} | "
+            f"{engine['tok_per_s'] * flops_per_token / peak:.0%} |"
         )
     lines += [
         "",

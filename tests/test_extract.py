@@ -3,6 +3,7 @@
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -488,3 +489,51 @@ def test_features_of_more_aux_layers_train_a_run_on_some_of_them(tiny_target_dir
         _feature_source(compose(args("y", *use, "target.aux_layer_ids=[1,3,5]")))
     with pytest.raises(ShardError, match=r"(?s)another extraction.*aux layer ids: extracted \[0, 1, 2, 3, 4\]"):
         run_extract(args("x"), wide)  # adding shards of other layers to it would mix widths
+
+
+@pytest.mark.slow
+def test_vllm_backend_writes_the_hf_backends_features(tiny_target_dir, data_file, tmp_path):
+    """`draftsmith extract --backend vllm`: the serving engine's prefill gives the same shards as the HF forward (the
+    same samples, fingerprint and token rows; the states equal within float rounding: vLLM's kernels sum in another
+    order), held-out argmax included, and an offline run trains from them."""
+    args = overrides(tiny_target_dir, data_file, tmp_path / "run")
+    hf = tmp_path / "hf"
+    run_extract(args, hf, shard_size="64K")
+    vl = tmp_path / "vllm"
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "WANDB_MODE": "disabled"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftsmith.cli",
+        "extract",
+        "--backend",
+        "vllm",
+        "--out",
+        str(vl),
+        "--shard-size",
+        "64K",
+    ]
+    p = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert "vLLM engine ready" in p.stdout + p.stderr and ", vllm)" in p.stdout + p.stderr
+    for sub in ("", "heldout"):
+        a, b = load_manifest(hf / sub), load_manifest(vl / sub)
+        assert a["fingerprint"] == b["fingerprint"] and a["complete"] and b["complete"]
+        assert a["covered_samples"] == b["covered_samples"] and a["covered_tokens"] == b["covered_tokens"]
+    fa, fb = sample_features(hf), sample_features(vl)
+    assert fa.keys() == fb.keys() and len(fa) == 32
+    worst = {"aux": 0.0, "last": 0.0}
+    for i in fa:
+        assert torch.equal(fa[i]["input_ids"], fb[i]["input_ids"]) and torch.equal(
+            fa[i]["loss_mask"], fb[i]["loss_mask"]
+        )
+        for k in worst:
+            x, y = fa[i][k].float(), fb[i][k].float()
+            worst[k] = max(worst[k], ((x - y).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-6)).max().item())
+    print(f"\nlargest per-token relative difference, vLLM vs HF (fp32): {worst}")
+    assert worst["aux"] < 1e-3 and worst["last"] < 1e-3, worst
+    ta = torch.cat([load_file(hf / "heldout" / s["name"])["top"] for s in load_manifest(hf / "heldout")["shards"]])
+    tb = torch.cat([load_file(vl / "heldout" / s["name"])["top"] for s in load_manifest(vl / "heldout")["shards"]])
+    assert ta.shape == tb.shape and (ta == tb).float().mean().item() >= 0.99
+    steps = train_in_process(args + ["data.features=offline", f"data.features_dir={vl}", "optim.max_steps=3"])
+    assert len(steps) == 3 and all(math.isfinite(r["loss"]) for r in steps)

@@ -104,6 +104,9 @@ class DataConfig:
     features: str = "online"
     features_dir: Optional[str] = None
     features_dtype: str = "auto"  # offline, extracted by the run: storage dtype (auto = the target's; bf16 halves it)
+    # offline, extracted by the run or `draftsmith extract`: what computes the hidden states. hf: a transformers
+    # forward; vllm: the serving engine's prefill (its extract_hidden_states method; one process)
+    features_backend: str = "hf"
     max_disk: Optional[str] = None  # stream: bound on the buffer's bytes, e.g. 2G or 500M (binary units)
     # assistant: train on the assistant's tokens only; all: also on prompt rows (user turns, system prompt),
     # scored against the target's distribution there too (held-out eval stays on assistant tokens)
@@ -184,6 +187,7 @@ CHOICES = {
     "head.family": families.NAMES,
     "data.features": ("online", "memory", "offline", "stream"),
     "data.features_dtype": ("auto", "bf16", "fp16", "fp32"),
+    "data.features_backend": ("hf", "vllm"),
     "data.supervise": ("assistant", "all"),
     "data.overflow": ("truncate", "split"),
     "target.dtype": ("auto", "float32", "bfloat16", "float16"),

@@ -62,6 +62,7 @@ from draftsmith.train.features.shards import (
     validate,
     write_manifest,
 )
+from draftsmith.train.features.vllm_source import VllmFeatures, check_backend
 from draftsmith.train.heads import families
 
 
@@ -184,11 +185,12 @@ def packed(rows: list[dict], rank: int, seq: int, dtype, fields, header: dict, c
 
 
 def smallest_start(
-    target, samples, index: int, fields, dtype, header, compression, device, rank: int, seq: int, per_token: float
-) -> int:
+    target, samples, index: int, fields, dtype, header, compression, device, rank: int, seq: int, per_token: float,
+    rows_of=feature_rows,
+) -> int:  # fmt: skip
     """Bytes of budget the smallest possible first shard (sample `index` alone) needs: its exact cost, or the
     pre-check's estimate where that is larger (a shard is written only when both fit)."""
-    rows = feature_rows(target, samples, [index], fields, dtype, target.pad_id, device)
+    rows = rows_of(target, samples, [index], fields, dtype, target.pad_id, device)
     blob, _, exact = packed(rows, rank, seq, dtype, fields, header, compression)
     # compressed sizes follow the values, which move in the last bits when the sample is computed in a batch
     slack = 0 if compression == "none" else len(blob) // 100 + 64
@@ -236,6 +238,8 @@ def extract(
     compression: str = "none",
     accelerator=None,
     split: str = "train",
+    backend: str | None = None,
+    engine=None,
 ) -> dict:
     """Extract (or finish extracting) the features of `cfg`'s training samples into `out`; returns a summary.
 
@@ -246,6 +250,9 @@ def extract(
         inputs: (target, tokenizer, data, vocab) already built for `cfg` (bench/extract.py reuses one load).
         compression: "none" | "zlib" (shards.compress_field: lossless, ~0.74 of the bytes for bf16 states).
         accelerator: the training run's (a run that extracts its own features); None = a new one.
+        backend: "hf" (a transformers forward of `target`) or "vllm" (the serving engine's prefill,
+            train/features/vllm_source.py: `target` may then be a TargetEnds); None = data.features_backend.
+        engine: the held-out pass reuses the training pass's vLLM engine.
     """
     from accelerate import Accelerator
 
@@ -253,6 +260,8 @@ def extract(
     state = accelerator if accelerator is not None else Accelerator()
     rank, world, device = state.process_index, state.num_processes, state.device
     main = state.is_main_process
+    backend = backend or cfg.data.get("features_backend", "hf")
+    check_backend(backend, world)
     root = Path(out)
     budget = parse_size(max_disk) if max_disk else None
     shard_bytes = parse_size(shard_size)
@@ -260,8 +269,8 @@ def extract(
     if main:  # one process per features directory (another run extracting the same data is refused, named)
         acquire_dir(root, f"extracting features into {root}")
     with state.main_process_first():  # rank 0 renders/caches the data, the others then read the cache
-        target, tokenizer, data, vocab = inputs or build_run(
-            cfg, device, root if main else None, log=log if main else (lambda *a: None)
+        target, tokenizer, data, vocab = inputs or build_run(  # vLLM loads the decoder layers itself
+            cfg, device, root if main else None, log=log if main else (lambda *a: None), ends_only=backend == "vllm"
         )
     target.to(device)
     store_dtype = target.dtype if dtype == "auto" else DTYPES[dtype]
@@ -303,6 +312,12 @@ def extract(
 
     todo = [i for i in range(len(samples)) if i % world == rank and i not in done]
     todo_tokens = sum(len(samples[i].input_ids) for i in todo)
+    rows_of, own_engine = feature_rows, None
+    if backend == "vllm" and todo:
+        if engine is None:
+            longest = max(len(s.input_ids) for s in (*data.train, *data.heldout))
+            engine = own_engine = VllmFeatures(target, longest, cfg.data.max_tokens_per_batch, root, log=log)
+        rows_of = engine.rows
     bar = tqdm(
         total=todo_tokens,
         desc=f"extract (rank {rank}/{world})" if world > 1 else "extract",
@@ -332,8 +347,9 @@ def extract(
                 )
                 break
         rows = []
-        for group in forward_groups(samples, chunk, max_tokens, max_batch):
-            rows += feature_rows(target, samples, group, fields, store_dtype, target.pad_id, device)
+        groups = [chunk] if backend == "vllm" else forward_groups(samples, chunk, max_tokens, max_batch)
+        for group in groups:  # vLLM batches a shard's samples itself
+            rows += rows_of(target, samples, group, fields, store_dtype, target.pad_id, device)
         rows.sort(key=lambda r: r["index"])
         blob, record, cost = packed(rows, rank, seq, store_dtype, fields, header, compression)
         while share is not None and used + cost > share and len(rows) > 1:  # the estimate was low: fewer samples
@@ -362,7 +378,7 @@ def extract(
     need = 0  # when not one sample fit: what the smallest first shard would take, for the message
     if part["stopped"] and new_samples == 0:
         need = smallest_start(
-            target, samples, todo[0], fields, store_dtype, header, compression, device, rank, seq, per_token
+            target, samples, todo[0], fields, store_dtype, header, compression, device, rank, seq, per_token, rows_of
         )
     atomic_write_json(part_path(root, rank), part)
     if world > 1:
@@ -413,11 +429,12 @@ def extract(
         "bytes_per_token": round(final["bytes"] / max(1, final["covered_tokens"]), 1),
         "complete": final["complete"],
         "stopped": final["stopped"],
+        "backend": backend,
     }
     if main:
         log(
             f"extract: {summary['new_samples']} samples / {summary['new_tokens']} tokens in {elapsed:.1f} s = "
-            f"{summary['tok_per_s']:.0f} tok/s ({world} process{'es' if world > 1 else ''}); {root} covers "
+            f"{summary['tok_per_s']:.0f} tok/s ({world} process{'es' if world > 1 else ''}, {backend}); {root} covers "
             f"{summary['covered_samples']}/{summary['num_samples']} samples, {summary['covered_tokens']} tokens, "
             f"{fmt_size(summary['bytes'])} ({summary['bytes_per_token']:.0f} bytes/token, {header['dtype']})"
         )
@@ -440,8 +457,12 @@ def extract(
             "none",
             state,
             split="heldout",
+            backend=backend,
+            engine=engine,
         )
         summary["heldout"] = {k: held[k] for k in ("dir", "covered_samples", "num_samples", "bytes", "complete")}
+    if own_engine is not None:
+        own_engine.close()
     return summary
 
 
@@ -469,6 +490,13 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--shard-size", default="256M", help="target size of one shard file (default 256M)")
     p.add_argument(
+        "--backend",
+        default=None,
+        choices=["hf", "vllm"],
+        help="what computes the hidden states: hf (a transformers forward) or vllm (the serving engine's prefill, "
+        "its extract_hidden_states method); default data.features_backend (hf)",
+    )
+    p.add_argument(
         "--validate",
         metavar="DIR",
         default=None,
@@ -490,7 +518,7 @@ def run_main(p: argparse.ArgumentParser, args) -> int:
     out = args.out or cfg.data.get("features_dir")
     if not out:
         p.error("--out DIR (or data.features_dir=DIR) is required")
-    extract(cfg, out, args.max_disk, args.dtype, args.shard_size, compression=args.compress)
+    extract(cfg, out, args.max_disk, args.dtype, args.shard_size, compression=args.compress, backend=args.backend)
     return 0
 
 

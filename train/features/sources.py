@@ -180,7 +180,8 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
         f"held-out samples once, into {root} (not counted in optim.max_minutes; later runs with the same target "
         f"and data reuse them)"
     )
-    whole = load_whole() if load_whole is not None else target
+    vllm = cfg.data.get("features_backend", "hf") == "vllm"  # the engine loads the decoder layers itself
+    whole = load_whole() if load_whole is not None and not vllm else target
     summary = extract(cfg, root, dtype=name, log=log, inputs=(whole, tokenizer, data, vocab), accelerator=accelerator)
     del whole  # the decoder layers are not needed past extraction
     if not summary["complete"]:

@@ -57,6 +57,9 @@ ENGINE_DEFAULTS = {
     # heads: None = as the export says (a P-EAGLE head drafts in parallel, an EAGLE-3 one step by step); True / False
     # insist, and a head not trained that way is refused
     "parallel_drafting": None,
+    # the chat template's variables the prompts are rendered with, as the deployment passes vLLM's
+    # chat_template_kwargs (Qwen3 non-thinking: {"enable_thinking": False}); {} = the template's defaults
+    "chat_template_kwargs": None,
 }
 
 
@@ -436,6 +439,10 @@ def run_acceptance(
     for head_dir in heads.values():  # before any engine: vLLM serves a head made for another target without a word
         check_head_for_target(head_dir, target, target_config)
     tokenizer = AutoTokenizer.from_pretrained(target)
+    if settings["chat_template_kwargs"]:
+        from draftsmith.train.data.render import TemplateOptions, set_template_options
+
+        set_template_options(tokenizer, TemplateOptions.of(settings["chat_template_kwargs"]))
     prompt_ids = render_prompts(tokenizer, prompts)
     if force:  # as the matrix does: a hybrid is never judged on prompts its policy was fitted on
         from draftsmith.eval.hybrid import HybridPolicies

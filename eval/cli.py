@@ -24,6 +24,7 @@ temperature, served and reference decoder, report and plots; `draftsmith eval ma
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from draftsmith.eval.acceptance import (
@@ -36,6 +37,17 @@ from draftsmith.eval.acceptance import (
 )
 from draftsmith.eval.args import head_arg, methods_arg
 from draftsmith.eval.prompts import PromptFileError
+
+
+def json_object(text: str) -> dict:
+    """An argparse type: a JSON object (argparse turns the ValueError into a usage error naming the flag)."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value
 
 
 def rich_table(result: dict):
@@ -145,6 +157,14 @@ def acceptance(argv: list[str]) -> int:
     )
     p.add_argument("--max-model-len", type=int, default=None, help="default: longest prompt + max_tokens + k + 1")
     p.add_argument(
+        "--chat-template-kwargs",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="render the prompts with these chat template variables, as the deployment passes them to vLLM, e.g. "
+        "'{\"enable_thinking\": false}' for Qwen3 without reasoning (train with the same data.chat_template_kwargs)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -197,6 +217,7 @@ def acceptance(argv: list[str]) -> int:
             parallel_drafting={"auto": None, "on": True, "off": False}[args.parallel_drafting],
             kv_cache_gib=args.kv_cache_gib,
             max_model_len=args.max_model_len,
+            chat_template_kwargs=args.chat_template_kwargs,
             threads=args.threads,
             timeout_s=args.timeout,
             hybrids=tuple(args.hybrid),

@@ -123,9 +123,11 @@ def render_prompts(tokenizer, prompts: list[dict]) -> list[list[int]]:
     """Token ids of each prompt as the server sees it: chat template + generation prompt, no extra BOS."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template")
+    from draftsmith.train.data.render import chat_text
+
     ids = []
     for p in prompts:
-        text = tokenizer.apply_chat_template(p["messages"], add_generation_prompt=True, tokenize=False)
+        text = chat_text(tokenizer, p["messages"], add_generation_prompt=True)  # with the run's template kwargs
         # The template already writes any BOS; add_special_tokens=True would prepend a second one.
         ids.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
     return ids

@@ -237,7 +237,12 @@ def regen_pool_path(data_cfg, target_path: str) -> Path:
     import hashlib
 
     source = data_cfg.path[len("regen:") :]
-    key = json.dumps([str(target_path), source, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed])
+    kwargs = template_kwargs(data_cfg)  # a mode other than the template's default is another pool
+    key = json.dumps(
+        [str(target_path), source, data_cfg.regen_max_tokens, data_cfg.regen_temperature, data_cfg.seed]
+        + ([kwargs] if kwargs else []),
+        sort_keys=True,
+    )
     return cache_dir() / "regen" / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".jsonl")
 
 
@@ -269,6 +274,7 @@ def regenerated_path(data_cfg, target_path: str) -> str:
         data_cfg.regen_temperature,
         data_cfg.seed,
         turns=turns,
+        chat_template_kwargs=template_kwargs(data_cfg) or None,
     )
     records, _ = read_pool(pool)  # the last line of each id: its answers so far (regenerate left the file clean)
     lines = [json.dumps(truncate_turns(records[i], turns), ensure_ascii=False) + "\n" for i in stats["ids"]]
@@ -398,6 +404,21 @@ def build_mlp_speculator(cfg, target: Target, vocab=None):
     return head
 
 
+def template_kwargs(data_cfg) -> dict:
+    """data.chat_template_kwargs as a plain dict ({} for a config saved before the key existed)."""
+    from omegaconf import OmegaConf
+
+    kwargs = data_cfg.get("chat_template_kwargs") or {}
+    return OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else dict(kwargs)
+
+
+def apply_template_options(tokenizer, data_cfg) -> None:
+    """The run's data.chat_template_kwargs and data.reasoning, kept with its tokenizer for every render."""
+    from draftsmith.train.data.render import TemplateOptions, set_template_options
+
+    set_template_options(tokenizer, TemplateOptions.of(template_kwargs(data_cfg), data_cfg.get("reasoning", "keep")))
+
+
 def build_run(cfg, device, stats_dir: Path | None, log=print, ends_only: bool = False):
     """Target, tokenizer, training data and draft vocab (None for a family without one) of a run: what training
     and `draftsmith extract` share.
@@ -410,6 +431,7 @@ def build_run(cfg, device, stats_dir: Path | None, log=print, ends_only: bool = 
 
     target, target_path = build_target(cfg.target, device, ends_only)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
+    apply_template_options(tokenizer, cfg.data)
     if stats_dir is not None:
         data, vocab = build_data_and_vocab(cfg, tokenizer, stats_dir, log=log)
     else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from draftsmith.train.heads import families
 
@@ -94,6 +94,12 @@ class DataConfig:
     # consecutive windows of max_length tokens, each a sample (those with no supervised token dropped), so no token
     # of a long conversation is thrown away. Held-out samples are always truncated (evals comparable across settings)
     overflow: str = "truncate"
+    # the chat template's extra variables, as vLLM's chat_template_kwargs passes them when serving: render training
+    # data the way the deployment renders prompts (Qwen3 non-thinking: {enable_thinking: false})
+    chat_template_kwargs: Any = None  # a mapping; typed Any so that a whole {k: v} override replaces it
+    # an answer's reasoning (reasoning_content, or <think>...</think> inline): keep = rendered as the template renders
+    # it and supervised (the model generates it); drop = removed before rendering
+    reasoning: str = "keep"
     max_tokens_per_batch: int = 8192  # length-bucketed batches up to this many (padded) tokens
     max_batch_size: int = 16
     seed: int = 0
@@ -188,6 +194,7 @@ CHOICES = {
     "data.features": ("online", "memory", "offline", "stream"),
     "data.features_dtype": ("auto", "bf16", "fp16", "fp32"),
     "data.features_backend": ("hf", "vllm"),
+    "data.reasoning": ("keep", "drop"),
     "data.supervise": ("assistant", "all"),
     "data.overflow": ("truncate", "split"),
     "target.dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -316,6 +323,11 @@ def config_problems(cfg) -> list[str]:
         f"a batch must hold one sample of data.max_length={get('data.max_length')} tokens",
     )
     need("data.max_batch_size", lambda v: v >= 1, "samples per batch, >= 1")
+    need(
+        "data.chat_template_kwargs",
+        lambda v: v is None or OmegaConf.is_dict(v) or isinstance(v, dict),
+        "the chat template's variables as a mapping, e.g. 'data.chat_template_kwargs={enable_thinking:false}'",
+    )
     for key, (ok, why) in REGEN_CHECKS.items():
         need("data." + key, ok, why)
     prompts_only = "pycode: sources are prompts with no answers; regen:pycode:... has the target answer them"

@@ -30,7 +30,9 @@ ROLE_MAP = {
     "bard": "assistant",
     "assistant": "assistant",
     "system": "system",
+    "tool": "tool",  # a tool's result, after an assistant turn that called it (messages format)
 }
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # reasoning inline in an answer (Qwen3, DeepSeek-R1 and kin)
 CHUNK_CHARS = 1 << 20  # the JSON array is decoded 1 MiB at a time
 MAX_RECORD_CHARS = 256 << 20  # a "record" this large without closing is a broken file, not a long chat
 MAX_EXAMPLES = 5
@@ -88,8 +90,42 @@ def _is_utf8(s: str) -> bool:
         return False
 
 
-def _raw_messages(rec: Any) -> list[tuple[str, str]]:
-    """(role, content) pairs of one record in either shape, with roles mapped; raises _Skip."""
+def split_reasoning(content: str) -> tuple[str | None, str]:
+    """(reasoning, answer) of an answer that writes its reasoning inline, `<think>...</think>answer`; (None, content)
+    when it has no closed think block."""
+    if THINK_CLOSE not in content:
+        return None, content
+    head, answer = content.split(THINK_CLOSE, 1)
+    return head.split(THINK_OPEN, 1)[-1].strip("\n"), answer.lstrip("\n")
+
+
+def _extras(m: dict, role: str, j: int) -> dict:
+    """An assistant message's reasoning (`reasoning_content` or `reasoning`, as vLLM and OpenAI-style APIs return
+    it) and tool calls, checked; {} for other roles or when it has neither."""
+    if role != "assistant":
+        return {}
+    out = {}
+    reasoning = m.get("reasoning_content", m.get("reasoning"))
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise _Skip("non-string content", f"message {j} reasoning is {type(reasoning).__name__}")
+        if reasoning.strip():
+            out["reasoning_content"] = reasoning
+    calls = m.get("tool_calls")
+    if calls:
+        ok = isinstance(calls, list) and all(
+            isinstance(c, dict) and isinstance(c.get("function", c), dict) and c.get("function", c).get("name")
+            for c in calls
+        )
+        if not ok:
+            raise _Skip("bad tool call", f"message {j}: tool_calls must be a list of {{function: {{name, arguments}}}}")
+        out["tool_calls"] = calls
+    return out
+
+
+def _raw_messages(rec: Any) -> list[tuple]:
+    """(role, content[, extras]) of each message of one record in either shape, with roles mapped; an assistant
+    message's reasoning and tool calls ride in extras; raises _Skip."""
     if not isinstance(rec, dict):
         raise _Skip("not an object", type(rec).__name__)
     if "conversations" in rec:
@@ -107,18 +143,34 @@ def _raw_messages(rec: Any) -> list[tuple[str, str]]:
         role, content = m.get(rkey), m.get(ckey)
         if not isinstance(role, str) or role not in ROLE_MAP:  # a dict or list role is not even hashable
             raise _Skip("unknown role", f"message {j} role {role!r}")
+        extras = _extras(m, ROLE_MAP[role], j)
+        if content is None and extras.get("tool_calls"):
+            content = ""  # a turn that only calls tools
         if not isinstance(content, str):
             raise _Skip("non-string content", f"message {j} content is {type(content).__name__}")
-        if content == "":
+        if content == "" and not extras.get("tool_calls"):
             raise _Skip("empty content", f"message {j}")
-        if not _is_utf8(content):
+        if not _is_utf8(content) or not _is_utf8(extras.get("reasoning_content", "")):
             raise _Skip("non-UTF-8 text", f"message {j}")
-        out.append((ROLE_MAP[role], content))
+        out.append((ROLE_MAP[role], content, extras) if extras else (ROLE_MAP[role], content))
     return out
 
 
-def normalize(pairs: list[tuple[str, str]], stats: ReadStats | None = None, questions: bool = False) -> list[dict]:
-    """Alternate user/assistant (optional leading system), ending on an answer; raises _Skip if no exchange.
+def _message(role: str, content: str, extras: dict | None = None) -> dict:
+    """A normalized message: inline reasoning (`<think>...</think>`) moved to `reasoning_content`."""
+    m = {"role": role, "content": content}
+    if role == "assistant":
+        reasoning, answer = split_reasoning(content)
+        if reasoning is not None:
+            m["content"] = answer
+            if reasoning.strip():
+                m["reasoning_content"] = reasoning
+    return {**m, **(extras or {})}
+
+
+def normalize(pairs: list[tuple], stats: ReadStats | None = None, questions: bool = False) -> list[dict]:
+    """Alternate user/assistant (optional leading system), ending on an answer; raises _Skip if no exchange. An
+    assistant turn that calls tools is followed by one or more tool results, then by the assistant again.
     questions=True (prompts for the target to answer): a trailing user turn is kept, and a record needs a user turn,
     not an answer."""
     stats = stats if stats is not None else ReadStats()
@@ -128,18 +180,27 @@ def normalize(pairs: list[tuple[str, str]], stats: ReadStats | None = None, ques
         out.append({"role": "system", "content": pairs[0][1]})
         i = 1
     start = i
-    while i < len(pairs) and pairs[i][0] == "assistant":
+    while i < len(pairs) and pairs[i][0] in ("assistant", "tool"):
         i += 1
     if i > start:
         stats.trimmed["leading assistant"] = stats.trimmed.get("leading assistant", 0) + 1
-    expect = "user"
-    for role, content in pairs[i:]:
-        if role != expect:
-            # Two user turns in a row, a mid-chat system turn...: keep the well-formed prefix.
+    expect = {"user"}
+    for role, content, *extras in pairs[i:]:
+        if role not in expect:
+            # Two user turns in a row, a mid-chat system turn, a tool result nothing called...: keep the
+            # well-formed prefix.
             stats.trimmed["role order"] = stats.trimmed.get("role order", 0) + 1
             break
-        out.append({"role": role, "content": content})
-        expect = "assistant" if expect == "user" else "user"
+        out.append(_message(role, content, extras[0] if extras else None))
+        if role == "user":
+            expect = {"assistant"}
+        elif role == "assistant":
+            expect = {"tool"} if out[-1].get("tool_calls") else {"user"}
+        else:  # a tool result: more results, or the assistant's next step
+            expect = {"tool", "assistant"}
+    while not questions and out and (out[-1]["role"] == "tool" or out[-1].get("tool_calls")):
+        out.pop()  # a call whose results, or the answer after them, are missing: the well-formed prefix
+        stats.trimmed["unanswered tool call"] = stats.trimmed.get("unanswered tool call", 0) + 1
     if questions:
         if not any(m["role"] == "user" for m in out):
             raise _Skip("no user turn", "no user message to answer")

@@ -31,10 +31,18 @@ from draftsmith.train.data.conversations import (
     resolve_path,
     split_heldout,
 )
-from draftsmith.train.data.render import Sample, render_many, split_windows, truncate
+from draftsmith.train.data.render import (
+    Sample,
+    TemplateOptions,
+    render_many,
+    split_windows,
+    template_options,
+    truncate,
+)
 from draftsmith.train.data.vocab import count_supervised
 
-CODE_VERSION = 1  # bump when rendering, masking or selection changes: old caches are then ignored
+# bump when rendering, masking or selection changes: old caches are then ignored (2: reasoning, tool calls)
+CODE_VERSION = 2
 HELDOUT_WINDOW = 2048
 
 
@@ -122,9 +130,11 @@ def source_id(conv_id: str) -> str:
 def cache_key(cfg, tokenizer) -> str:
     """sha1 over everything that changes the prepared data: source file, tokenizer, data settings, code."""
     vocab = "\0".join(f"{t}\1{i}" for t, i in sorted(tokenizer.get_vocab().items()))
+    options = template_options(tokenizer)
     parts = {
         "source": _source_fingerprint(str(cfg.path)),
         "chat_template": tokenizer.chat_template,
+        **({"template": options.describe()} if options != TemplateOptions() else {}),
         "vocab_size": len(tokenizer),
         "vocab_sha1": hashlib.sha1(vocab.encode("utf-8", errors="surrogatepass")).hexdigest(),
         "tokenizer_class": type(tokenizer).__name__,

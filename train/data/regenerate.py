@@ -35,7 +35,7 @@ from draftsmith.atomic import atomic_write
 from draftsmith.errors import ConfigError
 from draftsmith.generate import default_threads, iter_generate, resolve_backend
 from draftsmith.train.data.conversations import ReadStats, read_conversations
-from draftsmith.train.data.render import render_prompt
+from draftsmith.train.data.render import TemplateOptions, render_prompt, set_template_options
 
 SETTINGS = ("target", "data", "max_tokens", "temperature", "seed", "max_prompt_tokens")
 
@@ -179,11 +179,15 @@ def regenerate(
     kv_cache_gib: int = 2,
     turns: int = 1,
     last_turn: bool = False,
+    chat_template_kwargs: dict | None = None,
 ) -> dict:
     """Write (or finish writing) `out`; returns counts, generation speed and the ids of the prompts asked for.
     `turns`: answer each conversation's first `turns` user turns (see the module doc); the settings that make a
     pool (SETTINGS) do not include it, so asking for more turns later extends the same file. `last_turn`: answer
     each record's last user turn after its history instead (one turn; `draftsmith adapt`'s traffic).
+    `chat_template_kwargs`: the template's variables the prompts are rendered with, as the deployment serves them
+    (Qwen3: {"enable_thinking": false} answers without reasoning; unset, it thinks first and the answers carry their
+    `<think>` block); part of the pool's settings, and written on every record it makes.
 
     With vLLM, one engine with `threads` OpenMP threads (None: every core) answers `batch_size` prompts per call:
     on 2 cores, 2 threads ran 1.71x one thread, and two one-thread engines side by side no faster than that
@@ -204,12 +208,14 @@ def regenerate(
         "max_prompt_tokens": max_prompt_tokens,
         "out": str(out_path),
         **({"last_turn": True} if last_turn else {}),
+        **({"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}),
     }
     meta_path = out_path.with_name(out_path.name + ".meta.json")
     if meta_path.is_file():
         old = json.loads(meta_path.read_text())
         old.update({k: _source_key(old[k]) for k in ("target", "data") if isinstance(old.get(k), str)})
-        diff = {k: (old.get(k), settings.get(k)) for k in (*SETTINGS, "last_turn") if old.get(k) != settings.get(k)}
+        keys = (*SETTINGS, "last_turn", "chat_template_kwargs")
+        diff = {k: (old.get(k), settings.get(k)) for k in keys if old.get(k) != settings.get(k)}
         if diff:
             raise ConfigError(
                 f"{out_path} was generated with other settings {diff} (old, new); use another --out or delete it"
@@ -219,6 +225,8 @@ def regenerate(
     backend = resolve_backend(backend)
 
     tokenizer = AutoTokenizer.from_pretrained(target_path)
+    set_template_options(tokenizer, TemplateOptions.of(chat_template_kwargs))
+    mode = {"chat_template_kwargs": dict(chat_template_kwargs)} if chat_template_kwargs else {}  # on each record
     if last_turn and turns != 1:
         raise ConfigError(f"regenerate: last_turn answers one turn per record, not turns={turns}")
     prompts, too_long = first_prompts(data, num_conversations, tokenizer, max_prompt_tokens, last=last_turn)
@@ -273,7 +281,7 @@ def regenerate(
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
                 messages = p["messages"] + [{"role": "assistant", "content": text}]
                 if turn == 1:
-                    rec = {"id": p["id"], "messages": messages, "answer_tokens": len(ids), "finish_reason": why}
+                    rec = {"id": p["id"], "messages": messages, "answer_tokens": len(ids), "finish_reason": why, **mode}
                 else:
                     later = p["record"].get("later_turns", []) + [{"answer_tokens": len(ids), "finish_reason": why}]
                     rec = dict(p["record"], messages=messages, later_turns=later)
@@ -331,9 +339,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--turns", type=int, default=1, help="user turns answered per conversation, each after the target's own answers"
     )
+    ap.add_argument(
+        "--chat-template-kwargs",
+        default=None,
+        metavar="JSON",
+        help="the chat template's variables, as vLLM's chat_template_kwargs, e.g. '{\"enable_thinking\": false}' "
+        "(Qwen3 without reasoning); recorded on each answer",
+    )
     a = ap.parse_args(argv)
     if a.turns < 1:
         ap.error(f"--turns must be >= 1, got {a.turns}")
+    kwargs = None
+    if a.chat_template_kwargs:
+        try:
+            kwargs = json.loads(a.chat_template_kwargs)
+        except ValueError as e:
+            ap.error(f"--chat-template-kwargs: not JSON ({e})")
+        if not isinstance(kwargs, dict):
+            ap.error("--chat-template-kwargs: a JSON object, e.g. '{\"enable_thinking\": false}'")
     regenerate(
         a.target,
         a.data,
@@ -347,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         a.backend,
         a.threads,
         turns=a.turns,
+        chat_template_kwargs=kwargs,
     )
     return 0
 

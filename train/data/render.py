@@ -47,11 +47,57 @@ def special_ids(tokenizer) -> frozenset[int]:
     return out
 
 
+@dataclass(frozen=True)
+class TemplateOptions:
+    """How a run renders its conversations, kept with its tokenizer (`set_template_options`) so that training
+    samples, regeneration prompts and served prompts all render alike.
+
+    kwargs: the chat template's extra variables, as vLLM's `chat_template_kwargs` passes them at serving time
+        (e.g. {"enable_thinking": false} for Qwen3's non-thinking mode).
+    reasoning: "keep" renders an answer's reasoning (`reasoning_content`, or `<think>...</think>` in the answer) the
+        way the template does and supervises it: a reasoning model generates it, so a draft head must predict it;
+        "drop" removes it before rendering (a head for a deployment that serves non-thinking mode).
+    """
+
+    kwargs: tuple = ()  # sorted (name, value) pairs: hashable
+    reasoning: str = "keep"
+
+    @classmethod
+    def of(cls, kwargs: dict | None = None, reasoning: str = "keep") -> "TemplateOptions":
+        if reasoning not in ("keep", "drop"):
+            raise DataError(f"data.reasoning={reasoning!r}: keep | drop")
+        return cls(tuple(sorted((kwargs or {}).items())), reasoning)
+
+    def describe(self) -> dict:
+        return {"chat_template_kwargs": dict(self.kwargs), "reasoning": self.reasoning}
+
+
+_OPTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def set_template_options(tokenizer, options: TemplateOptions) -> None:
+    """Every later render with `tokenizer` uses `options`."""
+    _OPTIONS[tokenizer] = options
+
+
+def template_options(tokenizer) -> TemplateOptions:
+    try:
+        return _OPTIONS.get(tokenizer, TemplateOptions())
+    except TypeError:
+        return TemplateOptions()
+
+
 def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
-    """The chat template's text for `messages` (the exact string the serving engine renders)."""
+    """The chat template's text for `messages` (the exact string the serving engine renders, with the run's
+    chat_template_kwargs)."""
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"tokenizer {type(tokenizer).__name__} has no chat template")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    options = template_options(tokenizer)
+    if options.reasoning == "drop":
+        messages = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in messages]
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **dict(options.kwargs)
+    )
 
 
 def _encode(tokenizer, text: str | list[str]):
@@ -82,10 +128,15 @@ def _turn_end(tokenizer, messages: list[dict], i: int, full: str) -> int:
     return len(upto) if full.startswith(upto) else len(full)
 
 
-def assistant_spans(tokenizer, messages: list[dict], full: str) -> list[tuple[int, int, int]]:
-    """(content_start, content_end, turn_end) character spans of each assistant message inside `full`."""
+def assistant_spans(tokenizer, messages: list[dict], full: str) -> list[tuple[int, int, int, bool]]:
+    """(start, content_end, turn_end, through) character spans of each assistant message inside `full`.
+
+    start is where the content begins, or, when the template rendered the turn's reasoning, where the turn itself
+    begins (the reasoning block, `<think>` included, is generated text). through: the turn calls tools, and the
+    calls the template writes after the content are generated text too, up to the end-of-turn token."""
     spans = []
     cursor = 0
+    keep = template_options(tokenizer).reasoning == "keep"
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
@@ -98,8 +149,11 @@ def assistant_spans(tokenizer, messages: list[dict], full: str) -> list[tuple[in
         if a < 0:
             raise DataError(f"assistant message {i} does not appear verbatim in the rendered chat template")
         b = a + len(content)
+        reasoning = (m.get("reasoning_content") or "").strip() if keep else ""
+        if reasoning and start <= full.find(reasoning, start) < a:  # rendered (templates drop it from old turns)
+            a = start
         end = max(_turn_end(tokenizer, messages, i, full), b)
-        spans.append((a, b, end))
+        spans.append((a, b, end, bool(m.get("tool_calls"))))
         cursor = b
     return spans
 
@@ -109,7 +163,7 @@ def _mask(tokenizer, full: str, spans, ids: list[int], offsets) -> list[int]:
     special = special_ids(tokenizer)
     mask = [0] * len(ids)
     t = 0
-    for a, b, end in spans:
+    for a, b, end, through in spans:
         # Content: every token overlapping [a, b). A token straddling the header/content border is
         # kept: the head has to produce it either way.
         while t < len(ids) and offsets[t][1] <= a:
@@ -117,6 +171,9 @@ def _mask(tokenizer, full: str, spans, ids: list[int], offsets) -> list[int]:
         while t < len(ids) and offsets[t][0] < b:
             if offsets[t][1] > a:
                 mask[t] = 1
+            t += 1
+        while through and t < len(ids) and offsets[t][0] < end and ids[t] not in special:
+            mask[t] = 1  # the tool calls the template writes after the content: the model generates them
             t += 1
         # End of turn: the first run of special tokens in the turn's tail ([b, end)), e.g. <|im_end|>;
         # whitespace before it and text after it (the "\n" ChatML puts after <|im_end|>) stay unsupervised.

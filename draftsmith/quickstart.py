@@ -49,8 +49,10 @@ DATA_S = 20.0  # read ShareGPT, take the shipped answers, render with the chat t
 TRAIN_OVERHEAD_S = 30.0  # start the child, load the target ends, the final held-out eval and checkpoint (12 s there)
 EXPORT_S = 15.0
 ENGINE_START_S = 20.0  # per method and workload: import vLLM, start an engine (enforce_eager), warm up (~20 s there)
-# extraction tok/s over the probe's: 966 against 836 there (real samples are shorter than the probe's 512 tokens)
-EXTRACT_PER_PROBE = 1.1
+# extraction tok/s over the probe's: 966 against 836 there (real samples are shorter than the probe's 512 tokens),
+# times what the vLLM backend gains over the HF one (bench/results/2026-11-29/extract_vllm.md: 1,104 against 915
+# tok/s in bf16, 661 against 450 in fp32, same samples, same machine)
+EXTRACT_PER_PROBE = 1.1 * 1.2
 SERVE_PER_FORWARD = 0.1  # served tok/s at batch 8, 128 tokens a prompt, over the probe's: 70-96 against 836 there
 SERVE_METHODS = ("none", "ngram", "suffix")
 
@@ -104,9 +106,18 @@ def training_overrides(
         f"data.num_conversations={conversations}",
         *([] if also is None else ["data.also=[]"]),
         f"optim.max_minutes={minutes:g}",
+        # the features from vLLM's own prefill, where it is installed (the quickstart serves with it): 1.2-1.5x the
+        # HF forward's tok/s on 2 cores; equal features (docs/features.md)
+        *(["data.features_backend=vllm"] if vllm_installed() else []),
         *extra,
         "resume=auto",
     ]
+
+
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 def serve_seconds(rates: Rates, workloads: list[str], num_prompts: int, max_tokens: int) -> float:

@@ -537,3 +537,30 @@ def test_vllm_backend_writes_the_hf_backends_features(tiny_target_dir, data_file
     assert ta.shape == tb.shape and (ta == tb).float().mean().item() >= 0.99
     steps = train_in_process(args + ["data.features=offline", f"data.features_dir={vl}", "optim.max_steps=3"])
     assert len(steps) == 3 and all(math.isfinite(r["loss"]) for r in steps)
+
+
+@pytest.mark.slow
+def test_a_run_with_the_vllm_backend_extracts_in_a_child_and_trains_as_hf(tiny_target_dir, data_file, tmp_path):
+    """data.features=offline, data.features_backend=vllm, no features_dir: the run's own extraction goes through vLLM
+    in a process of its own (the engine would bind the training process's threads) and the run then trains the
+    losses the HF backend's features give."""
+
+    def run(name, backend):
+        env = {**os.environ, "DRAFTSMITH_CACHE": str(tmp_path / f"cache_{backend}"), "WANDB_MODE": "disabled"}
+        args = overrides(
+            tiny_target_dir, data_file, tmp_path / name, "data.features=offline", f"data.features_backend={backend}",
+            "optim.max_steps=4",
+        )  # fmt: skip
+        p = subprocess.run(
+            [sys.executable, str(ROOT / "train" / "run.py"), *args],
+            capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+        recs = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in recs if "loss" in r], p.stdout + p.stderr
+
+    vl, log = run("vllm", "vllm")
+    assert "vLLM engine ready" in log and ", vllm)" in log
+    hf, _ = run("hf", "hf")
+    assert len(vl) == len(hf) == 4
+    assert vl == pytest.approx(hf, rel=1e-4), (vl, hf)

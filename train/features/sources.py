@@ -17,6 +17,7 @@ logits rebuilt from `last`, so a batch's loss is the same whichever mode produce
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -180,10 +181,16 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
         f"held-out samples once, into {root} (not counted in optim.max_minutes; later runs with the same target "
         f"and data reuse them)"
     )
-    vllm = cfg.data.get("features_backend", "hf") == "vllm"  # the engine loads the decoder layers itself
-    whole = load_whole() if load_whole is not None and not vllm else target
-    summary = extract(cfg, root, dtype=name, log=log, inputs=(whole, tokenizer, data, vocab), accelerator=accelerator)
-    del whole  # the decoder layers are not needed past extraction
+    if cfg.data.get("features_backend", "hf") == "vllm":
+        # the engine loads the decoder layers itself, in a process of its own: vLLM binds the OpenMP threads of the
+        # process it runs in, which would be the training process's
+        summary = extract_in_child(cfg, root, name, accelerator)
+    else:
+        whole = load_whole() if load_whole is not None else target
+        summary = extract(
+            cfg, root, dtype=name, log=log, inputs=(whole, tokenizer, data, vocab), accelerator=accelerator
+        )
+        del whole  # the decoder layers are not needed past extraction
     if not summary["complete"]:
         why = "; ".join((summary["stopped"] or {}).values()) or "the extraction stopped early"
         raise ShardError(
@@ -193,6 +200,59 @@ def ensure_offline_features(cfg, target, tokenizer, data, vocab, accelerator=Non
             "kept), or train with data.features=online or stream, which need no features on disk"
         )
     return str(root)
+
+
+def _extract_child(config_yaml: str, root: str, dtype: str, result: str) -> None:
+    """The body of `extract_in_child`'s process: the same extraction, its summary written to `result`."""
+    import os
+
+    for k in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_"))] + [
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+    ]:  # fmt: skip
+        os.environ.pop(k, None)  # one process: not a rank of the training run's process group
+    from omegaconf import OmegaConf
+
+    from draftsmith.atomic import atomic_write_json
+    from draftsmith.train.features.extract import extract
+
+    summary = extract(OmegaConf.create(config_yaml), root, dtype=dtype, backend="vllm")
+    atomic_write_json(Path(result), summary)
+
+
+def extract_in_child(cfg, root: Path, dtype: str, accelerator=None) -> dict:
+    """`extract(cfg, root, backend="vllm")` in a spawned process (one, on the main rank; the others wait); returns
+    its summary. The child prepares the same data (from the data cache) and reads the same shards' manifest."""
+    import multiprocessing
+    import tempfile
+
+    from omegaconf import OmegaConf
+
+    from draftsmith.errors import DraftsmithError
+    from draftsmith.train.features.shards import load_manifest
+
+    main = accelerator is None or accelerator.is_main_process
+    if main:
+        with tempfile.TemporaryDirectory(prefix="draftsmith-vllm-extract-") as tmp:
+            result = Path(tmp) / "summary.json"
+            proc = multiprocessing.get_context("spawn").Process(
+                target=_extract_child, args=(OmegaConf.to_yaml(cfg, resolve=True), str(root), dtype, str(result))
+            )
+            proc.start()
+            proc.join()
+            if proc.exitcode != 0 or not result.is_file():
+                raise DraftsmithError(
+                    f"data.features_backend=vllm: the extraction process failed (exit status {proc.exitcode}; its "
+                    f"output is above). The shards it finished in {root} are kept: run the same command again to "
+                    "carry on, or set data.features_backend=hf"
+                )
+            summary = json.loads(result.read_text())
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    if not main:
+        m = load_manifest(root)
+        summary = {k: m[k] for k in ("covered_samples", "complete", "stopped")}
+        summary["num_samples"] = m["fingerprint"]["data"]["num_samples"]
+    return summary
 
 
 def build_feature_source(cfg, target, vocab_ids, data, family: str, accelerator) -> FeatureSource:

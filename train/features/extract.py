@@ -57,6 +57,7 @@ from draftsmith.train.features.shards import (
     pack_shard,
     parse_size,
     part_path,
+    row_of,
     run_fingerprint,
     shard_name,
     validate,
@@ -78,15 +79,7 @@ def feature_rows(target, samples, indices: list[int], fields, dtype: torch.dtype
     rows = []
     for b, i in enumerate(indices):
         n = len(samples[i].input_ids)
-        row = {
-            "index": i,
-            "input_ids": samples[i].input_ids,
-            "loss_mask": samples[i].loss_mask,
-            "conv_id": samples[i].conv_id,
-        }
-        for k in fields:
-            row[k] = getattr(f, k)[b, :n].to("cpu", INT_FIELDS.get(k, dtype))  # [n, D] ([n] for top)
-        rows.append(row)
+        rows.append(row_of(samples[i], i, {k: getattr(f, k)[b, :n] for k in fields}, dtype))  # [n, D] ([n]: top)
     return rows
 
 

@@ -166,6 +166,14 @@ def data_config_summary(cfg) -> dict:
     return json.loads(json.dumps(out, default=str))
 
 
+def row_of(sample, index: int, features: dict, dtype) -> dict:
+    """One sample's row as a shard stores it: its identity and token rows, then `features` ({field: [n, D] or [n]}
+    tensors) on the CPU, the hidden states in `dtype`, integer fields (top) in theirs."""
+    row = {"index": index, "input_ids": sample.input_ids, "loss_mask": sample.loss_mask, "conv_id": sample.conv_id}
+    row.update({k: v.to("cpu", INT_FIELDS.get(k, dtype)) for k, v in features.items()})
+    return row
+
+
 def run_fingerprint(cfg, target, samples, tokenizer=None) -> dict:
     """Everything a features directory must agree with before a run may train on it."""
     fp = {

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.errors import ConfigError
-from draftsmith.train.features.shards import INT_FIELDS
+from draftsmith.train.features.shards import row_of
 
 DRAIN_STEPS = 64  # engine steps after a batch before its missing files are an error (one step writes them all)
 
@@ -37,6 +37,9 @@ class VllmFeatures:
         turn the last layer's states into `last` and `top`)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine starts: steps run here
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        # the engine's start-up log is ~40 lines of INFO/WARNING a user of `extract` has no use for; errors still show
+        # (set VLLM_LOGGING_LEVEL=INFO to see it)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         from vllm import LLM
 
         self.ends, dtype, aux_layer_ids = target, target.dtype, list(target.aux_layer_ids)
@@ -108,12 +111,6 @@ class VllmFeatures:
         rows = []
         for i, hs in zip(indices, states):
             n = len(samples[i].input_ids)
-            row = {
-                "index": i,
-                "input_ids": samples[i].input_ids,
-                "loss_mask": samples[i].loss_mask,
-                "conv_id": samples[i].conv_id,
-            }
             norm = self.ends.norm
             last = norm(hs[:, self.n_aux].to(norm.weight.dtype)).to(dtype)  # [n, H]
             values = {"aux": hs[:, : self.n_aux].reshape(n, -1).to(dtype), "last": last}  # [n, n_aux*H], [n, H]
@@ -122,9 +119,7 @@ class VllmFeatures:
                     full_vocab = torch.arange(self.ends.config.get_text_config().vocab_size)
                 w = self.ends.output_weight(full_vocab)  # [V, H]
                 values["top"] = (last.to(w.dtype) @ w.T).argmax(-1)  # [n]
-            for k in fields:
-                row[k] = values[k].to(INT_FIELDS.get(k, dtype))
-            rows.append(row)
+            rows.append(row_of(samples[i], i, {k: values[k] for k in fields}, dtype))
         return rows
 
 

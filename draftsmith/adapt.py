@@ -532,6 +532,9 @@ def main(argv: list[str]) -> int:
     target = resolve_target(saved["target"]["name_or_path"])
     tokenizer = AutoTokenizer.from_pretrained(target)
     data = saved["data"]
+    from draftsmith.train.build import apply_template_options, template_kwargs
+
+    apply_template_options(tokenizer, data)  # the traffic renders as HEAD's deployment renders its prompts
     limit = args.max_prompt_tokens or max(1, int(data["max_length"]) - int(data.get("regen_max_tokens") or 256))
     traffic = read_traffic(
         args.traffic, lambda m: len(render_prompt(tokenizer, m)), limit, skip_invalid=args.skip_invalid
@@ -586,6 +589,7 @@ def main(argv: list[str]) -> int:
         max_prompt_tokens=limit,
         backend=args.regen_backend,
         last_turn=True,
+        chat_template_kwargs=template_kwargs(data) or None,  # answered in HEAD's mode (Qwen3 thinking or not)
     )
     spent["answers"] = round(time.time() - t0, 1)
 

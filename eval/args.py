@@ -1,8 +1,10 @@
-"""Command-line argument types shared by `draftsmith eval acceptance` and `draftsmith eval matrix`."""
+"""Command-line argument types shared by `draftsmith eval acceptance`, `draftsmith eval matrix` and `draftsmith
+regenerate`."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from draftsmith.eval.acceptance import BASELINES
 
@@ -23,3 +25,14 @@ def methods_arg(text: str) -> list[str]:
             "(EAGLE-3 / MLP speculator heads go in --head NAME=DIR)"
         )
     return methods
+
+
+def json_object(text: str) -> dict:
+    """An argparse type: a JSON object (argparse turns the ValueError into a usage error naming the flag)."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value

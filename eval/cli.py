@@ -24,7 +24,6 @@ temperature, served and reference decoder, report and plots; `draftsmith eval ma
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from draftsmith.eval.acceptance import (
@@ -35,19 +34,8 @@ from draftsmith.eval.acceptance import (
     result_cells,
     run_acceptance,
 )
-from draftsmith.eval.args import head_arg, methods_arg
+from draftsmith.eval.args import head_arg, json_object, methods_arg
 from draftsmith.eval.prompts import PromptFileError
-
-
-def json_object(text: str) -> dict:
-    """An argparse type: a JSON object (argparse turns the ValueError into a usage error naming the flag)."""
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"enable_thinking\": false}'")
-    return value
 
 
 def rich_table(result: dict):

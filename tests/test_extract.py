@@ -515,7 +515,7 @@ def test_vllm_backend_writes_the_hf_backends_features(tiny_target_dir, data_file
     ]
     p = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    assert "vLLM engine ready" in p.stdout + p.stderr and ", vllm)" in p.stdout + p.stderr
+    assert "vLLM engine ready" in p.stdout + p.stderr and ") with vllm;" in p.stdout + p.stderr
     for sub in ("", "heldout"):
         a, b = load_manifest(hf / sub), load_manifest(vl / sub)
         assert a["fingerprint"] == b["fingerprint"] and a["complete"] and b["complete"]
@@ -560,7 +560,7 @@ def test_a_run_with_the_vllm_backend_extracts_in_a_child_and_trains_as_hf(tiny_t
         return [r["loss"] for r in recs if "loss" in r], p.stdout + p.stderr
 
     vl, log = run("vllm", "vllm")
-    assert "vLLM engine ready" in log and ", vllm)" in log
+    assert "vLLM engine ready" in log and ") with vllm;" in log
     hf, _ = run("hf", "hf")
     assert len(vl) == len(hf) == 4
     assert vl == pytest.approx(hf, rel=1e-4), (vl, hf)

@@ -339,8 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--turns", type=int, default=1, help="user turns answered per conversation, each after the target's own answers"
     )
+    from draftsmith.eval.args import json_object
+
     ap.add_argument(
         "--chat-template-kwargs",
+        type=json_object,
         default=None,
         metavar="JSON",
         help="the chat template's variables, as vLLM's chat_template_kwargs, e.g. '{\"enable_thinking\": false}' "
@@ -349,14 +352,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.turns < 1:
         ap.error(f"--turns must be >= 1, got {a.turns}")
-    kwargs = None
-    if a.chat_template_kwargs:
-        try:
-            kwargs = json.loads(a.chat_template_kwargs)
-        except ValueError as e:
-            ap.error(f"--chat-template-kwargs: not JSON ({e})")
-        if not isinstance(kwargs, dict):
-            ap.error("--chat-template-kwargs: a JSON object, e.g. '{\"enable_thinking\": false}'")
     regenerate(
         a.target,
         a.data,
@@ -370,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         a.backend,
         a.threads,
         turns=a.turns,
-        chat_template_kwargs=kwargs,
+        chat_template_kwargs=a.chat_template_kwargs,
     )
     return 0
 

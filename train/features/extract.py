@@ -427,9 +427,10 @@ def extract(
     if main:
         log(
             f"extract: {summary['new_samples']} samples / {summary['new_tokens']} tokens in {elapsed:.1f} s = "
-            f"{summary['tok_per_s']:.0f} tok/s ({world} process{'es' if world > 1 else ''}, {backend}); {root} covers "
-            f"{summary['covered_samples']}/{summary['num_samples']} samples, {summary['covered_tokens']} tokens, "
-            f"{fmt_size(summary['bytes'])} ({summary['bytes_per_token']:.0f} bytes/token, {header['dtype']})"
+            f"{summary['tok_per_s']:.0f} tok/s ({world} process{'es' if world > 1 else ''}) with {backend}; "
+            f"{root} covers {summary['covered_samples']}/{summary['num_samples']} samples, "
+            f"{summary['covered_tokens']} tokens, {fmt_size(summary['bytes'])} "
+            f"({summary['bytes_per_token']:.0f} bytes/token, {header['dtype']})"
         )
         if final["stopped"]:
             log(

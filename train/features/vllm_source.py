@@ -124,8 +124,7 @@ class VllmFeatures:
 
 
 def check_backend(backend: str, world: int) -> None:
-    if backend not in ("hf", "vllm"):
-        raise ConfigError(f"data.features_backend={backend}: 'hf' (a transformers forward) or 'vllm'")
+    """The vLLM backend extracts in one process (the value itself is checked with the config's choices)."""
     if backend == "vllm" and world > 1:
         raise ConfigError(
             "the vLLM backend extracts in one process (the engine uses every core, and its own tensor parallelism "

@@ -62,6 +62,7 @@ FAMILIES = {
         "GptOssConfig",
         {"tie_word_embeddings": False, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 128},
     ),
+    "gemma4": ("Gemma4TextConfig", {}),  # scaled embeddings, per-layer-type rope and head sizes, sliding + full layers
     "deepseek_v2": (  # MLA (vLLM's CPU MLA takes the real latent widths only) and grouped expert routing
         "DeepseekV2Config",
         {
@@ -86,8 +87,9 @@ FAMILIES = {
 
 # families the MLP speculator's comparison cannot be made on here, and why (the README's table says the same)
 MLP_UNPROVEN = {
-    "deepseek_v2": "vLLM's and transformers' greedy outputs of the tiny random target part at token 16 (MLA and "
-    "grouped routing sum in another order near a tie), so the reference decoder has no common output to compare",
+    "deepseek_v2": "vLLM's and transformers' greedy outputs of the tiny random target part at token 16 (at token 20 "
+    "with every expert routed, so the MLA attention's sums, not the routing), and the reference decoder has no common "
+    "output to compare",
 }
 
 

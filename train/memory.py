@@ -26,6 +26,7 @@ import torch
 
 from draftsmith.errors import ConfigError
 from draftsmith.train.heads import families
+from draftsmith.train.heads.eagle3 import layer_attr
 
 GiB = 1024**3
 LAYOUTS = {  # what each layout shards over the processes: (params, grads, optimizer state)
@@ -102,7 +103,7 @@ def eagle3_activation_bytes(cfg, tc, act_bytes: int) -> tuple[float, float]:
     B, T = batch_shape(cfg)
     N = B * T
     H, I, nh = tc.hidden_size, tc.intermediate_size, tc.num_attention_heads
-    hd = getattr(tc, "head_dim", None) or H // nh
+    hd = layer_attr(tc, "head_dim") or H // nh
     nkv = getattr(tc, "num_key_value_heads", nh)
     K, Vd, hI = cfg.head.ttt_steps, min(cfg.head.draft_vocab_size, tc.vocab_size), cfg.head.intermediate_size or I
     feats = N * (3 * H * act_bytes + Vd * (act_bytes + 4))  # aux states, draft-vocab logits, target softmax (fp32)

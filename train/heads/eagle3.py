@@ -25,6 +25,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def layer_attr(config, name: str):
+    """A decoder-layer setting of a target config, or None. Gemma 4's config keeps some per layer and refuses the
+    global read (transformers' AmbiguousGlobalPerLayerAttributeError); the value it stores globally is then taken."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - that error class moves between transformers releases
+        return config.to_dict().get(name)
+
+
 @dataclass
 class Eagle3Config:
     hidden_size: int
@@ -88,7 +97,7 @@ class Eagle3Config:
         rope = dict(getattr(tc, "rope_parameters", None) or getattr(tc, "rope_scaling", None) or {})
         theta = rope.pop("rope_theta", getattr(tc, "rope_theta", 10000.0))
         rope_scaling = rope if rope.get("rope_type", "default") != "default" else None
-        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        head_dim = layer_attr(tc, "head_dim") or tc.hidden_size // tc.num_attention_heads
         intermediate = kw.pop("intermediate_size", None) or tc.intermediate_size
         return cls(
             hidden_size=tc.hidden_size,

@@ -332,12 +332,12 @@ def restore_run_state(ckpt: Path, head, optimizer, scheduler, world: int, accum:
             f"{ckpt} was saved by a run under {saved}; this run uses {now}: resume it under the layout that "
             f"saved it (its optimizer state is keyed differently), or start a new run with head.init_from={ckpt}"
         )
-    frozen_or_tied = set(head.state_dict()) - set(head.trainable_state_dict())  # e.g. embed_tokens, tied stages
     if load_sharded is not None:
         unknown = set(weights) - set(head.state_dict())
         assert not unknown, unknown
         load_sharded(weights, state["optimizer"])
     else:
+        frozen_or_tied = set(head.state_dict()) - set(head.trainable_state_dict())  # e.g. embed_tokens, tied stages
         missing = head.load_state_dict(weights, strict=False)
         assert set(missing.missing_keys) <= frozen_or_tied and not missing.unexpected_keys, missing
         optimizer.load_state_dict(state["optimizer"])

@@ -3,8 +3,9 @@
 accelerate 1.15 builds FSDP only for accelerator devices: an FSDP launch on a CPU machine
 (`ACCELERATE_USE_CPU=1`, `ACCELERATE_USE_FSDP=true`) silently becomes plain DDP. torch's `fully_shard` itself
 runs on CPU with gloo, so `use_fsdp_on_cpu` turns such a launch into what it asked for; everything after that
-(accelerate's `prepare`, `no_sync`, gradient clipping, `get_state_dict`) is accelerate's own FSDP2 path, the one
-a GPU launch takes.
+(accelerate's `prepare`, `no_sync`, gradient clipping) is accelerate's own FSDP2 path, the one a GPU launch takes.
+Only the gathering of weights for a checkpoint is ours (`full_model_state`): accelerate's `get_state_dict` asks for a
+broadcast from rank 0, which on a CPU mesh hands back the DTensor shards.
 
 A sharded head keeps its weights and optimizer state as per-rank DTensor shards, so a checkpoint gathers them
 (`full_optimizer_state`, a collective every rank calls) and a resume scatters them back (`load_full_state`):

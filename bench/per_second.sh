@@ -9,12 +9,17 @@
 # head is trained with that plan's overrides and nothing else: the quickstart's own command with conf=peagle_smollm2
 # (the same turns, training minutes and features, which the two families share). Overrides this harness adds to
 # `eval acceptance`: --num-prompts (NUM_PROMPTS, default 12) and --batch-sizes 1,4,8,16; everything else is the
-# command's default (k=3, 128 tokens, greedy).
+# command's default (k=3, 128 tokens, greedy). The runs served with the schedule add --repeats (REPEATS, default 3:
+# each cell's ratio to no speculation is the median of three paired rounds) at SCHED_SIZES (default 4,8,16: at batch
+# 1 the schedule's k is 3, the sweep's own setting). T1_SIZES (default 1,8) sweeps chat once more at temperature 1.
 set -euo pipefail
 RUN=$(realpath "$1")
 OUT=$2
 NUM_PROMPTS=${NUM_PROMPTS:-12}
 SIZES=${SIZES:-1,4,8,16}
+SCHED_SIZES=${SCHED_SIZES:-4,8,16}
+REPEATS=${REPEATS:-3}
+T1_SIZES=${T1_SIZES:-1,8}
 WORKLOADS=${WORKLOADS:-chat mtbench code}
 mkdir -p "$OUT"
 
@@ -53,7 +58,13 @@ done
 for w in $WORKLOADS; do
   [ -f "$OUT/scheduled_$w/acceptance.json" ] && continue
   draftsmith eval acceptance --target smollm2 --head eagle3="$RUN/exported" --head peagle="$PEAGLE/exported" \
-    --methods none --prompts "$(prompts "$w")" --num-prompts "$NUM_PROMPTS" --batch-sizes "$SIZES" \
-    --k-schedule eagle3="$OUT/schedule_eagle3.json" --k-schedule peagle="$OUT/schedule_peagle.json" \
+    --methods none --prompts "$(prompts "$w")" --num-prompts "$NUM_PROMPTS" --batch-sizes "$SCHED_SIZES" \
+    --repeats "$REPEATS" --k-schedule eagle3="$OUT/schedule_eagle3.json" --k-schedule peagle="$OUT/schedule_peagle.json" \
     --out "$OUT/scheduled_$w"
 done
+
+if [ -n "$T1_SIZES" ] && [ ! -f "$OUT/t1_chat/acceptance.json" ]; then
+  draftsmith eval acceptance --target smollm2 --head eagle3="$RUN/exported" --head peagle="$PEAGLE/exported" \
+    --methods none,ngram,suffix --prompts "$(prompts chat)" --num-prompts "$NUM_PROMPTS" --batch-sizes "$T1_SIZES" \
+    --temperature 1 --out "$OUT/t1_chat"
+fi

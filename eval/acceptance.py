@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -51,6 +52,9 @@ ENGINE_DEFAULTS = {
     # a sweep: every prompt once per batch size ([1, 4, 8, 16]), a fresh engine per method and size; None = batch_size
     "batch_sizes": None,
     "max_num_seqs": None,  # the engine's most concurrent requests; None = vLLM's default
+    # a sweep served this many times, round by round (every method and size, then again): each cell's speed-up is the
+    # median of its rounds' ratios to no speculation in the same round, so a slow minute of the machine hits both
+    "repeats": 1,
     # heads only: vLLM's num_speculative_tokens_per_batch_size, [[lo, hi, k], ...] (k = 0: no drafting there), for
     # every head, or {head name: schedule} for some
     "k_schedule": None,
@@ -351,6 +355,8 @@ def _summarize(name: str, child: dict, spec: dict | None, reference: list[list[i
     )
     if reference is not None and name != "none":
         row["match_vs_none"], row["mismatches"] = compare_outputs(child["output_token_ids"], reference)
+    if child.get("rounds"):  # repeats: how many, and the rounds whose outputs differ from the first's
+        row.update(rounds=child["rounds"], round_mismatches=child["round_mismatches"])
     return row
 
 
@@ -388,6 +394,11 @@ def run_acceptance(
     if sizes is not None:
         if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes) or len(set(sizes)) != len(sizes):
             raise ValueError(f"batch sizes {sizes}: distinct integers >= 1, e.g. 1,4,8,16")
+    repeats = settings["repeats"]
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats {repeats!r}: an integer >= 1")
+    if repeats > 1 and sizes is None:
+        raise ValueError("repeats serve a batch-size sweep round by round: give batch sizes too (e.g. --batch-sizes 8)")
     cap = settings["max_num_seqs"]
     too_big = [b for b in (sizes or [settings["batch_size"]]) if cap and b > cap]
     if too_big:
@@ -474,14 +485,16 @@ def run_acceptance(
         f"max_tokens={max_tokens}, methods: {', '.join(names)}"
     )
     children: dict[str, dict] = {}
+    cells: dict[str, dict[int, list[dict]]] = {n: {} for n in names}  # a sweep: method -> batch size -> rounds
+    per_method = len(prompts) * len(sizes or [1])
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
-        task = progress.add_task("starting", total=len(names) * len(prompts) * len(sizes or [1]))
-        for i, name in enumerate(names):
-            console.print(f"[{i + 1}/{len(names)}] [bold]{name}[/] speculative_config={spec[name]}")
-            progress.update(
-                task, completed=i * len(prompts) * len(sizes or [1]), description=f"{name}: starting engine"
-            )
+        task = progress.add_task("starting", total=len(names) * per_method * repeats)
+        for step, (r, name) in enumerate((r, n) for r in range(repeats) for n in names):
+            i = names.index(name)
+            round_note = f" (round {r + 1}/{repeats})" if repeats > 1 else ""
+            console.print(f"[{i + 1}/{len(names)}] [bold]{name}[/]{round_note} speculative_config={spec[name]}")
+            progress.update(task, completed=step * per_method, description=f"{name}: starting engine")
             job = {
                 "name": name,
                 "target": target,
@@ -497,19 +510,25 @@ def run_acceptance(
             t0 = time.perf_counter()
             if not sizes:
                 children[name] = _run_child(name, job, runs_dir, env, settings["timeout_s"], progress, task)
-            else:  # a fresh engine per batch size: no prefix cache or suffix tree from the sizes before
-                parts = []
-                for b in sizes:
-                    part = _run_child(
-                        f"{name}.bs{b}", {**job, "batch_size": b}, runs_dir, env, settings["timeout_s"], progress, task
-                    )
-                    parts.append(part)
-                    if "error" in part:
-                        break
-                failed = next((p for p in parts if "error" in p), None)
-                children[name] = failed or {**parts[0], "sweep": parts}
-            children[name]["process_s"] = time.perf_counter() - t0
-        progress.update(task, completed=len(names) * len(prompts) * len(sizes or [1]), description="done")
+                children[name]["process_s"] = time.perf_counter() - t0
+                continue
+            if "error" in children.get(name, {}):
+                continue  # failed in an earlier round: not served again
+            for b in sizes:  # a fresh engine per batch size (and round): no prefix cache or suffix tree from before
+                tag = f"{name}.bs{b}" + (f".r{r + 1}" if r else "")
+                part = _run_child(tag, {**job, "batch_size": b}, runs_dir, env, settings["timeout_s"], progress, task)
+                if "error" in part:
+                    children[name] = part
+                    break
+                part["process_s"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                cells[name].setdefault(b, []).append(part)
+        progress.update(task, completed=len(names) * per_method * repeats, description="done")
+    if sizes:
+        for name in names:
+            if "error" not in children.get(name, {}):
+                parts = [merge_rounds(cells[name][b]) for b in sizes]
+                children[name] = {**parts[0], "sweep": parts}
 
     sweep = [
         {"batch_size": b, "methods": _rows_at(i, names, children, spec, temperature)} for i, b in enumerate(sizes or [])
@@ -542,6 +561,7 @@ def run_acceptance(
             "kv_cache_gib": kv_gib,
             "batch_size": sizes[0] if sizes else settings["batch_size"],
             "batch_sizes": sizes,
+            "repeats": repeats,
             "k_schedule": schedule,
             "disable_log_stats": False,
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -574,10 +594,41 @@ def _rows_at(i: int | None, names, children: dict, spec: dict, temperature: floa
     reference = none.get("output_token_ids") if temperature == 0 else None
     rows = {name: _summarize(name, at(children[name]), spec[name], reference) for name in names}
     ref_speed = rows.get("none", {}).get("output_tokens_per_s")
-    for row in rows.values():
+    ref_rounds = none.get("rounds_tok_s")
+    for name, row in rows.items():
         speed = row.get("output_tokens_per_s")
         row["speedup_vs_none"] = speed / ref_speed if speed and ref_speed else None
+        mine = at(children[name]).get("rounds_tok_s")
+        if row["status"] == "ok" and mine and ref_rounds and len(mine) == len(ref_rounds) > 1:
+            # repeats: each round's ratio to no speculation in the same round, and their median as the figure
+            ratios = [a / b for a, b in zip(mine, ref_rounds)]
+            row["speedup_rounds"] = ratios
+            row["speedup_vs_none"] = statistics.median(ratios)
     return rows
+
+
+def merge_rounds(parts: list[dict]) -> dict:
+    """One sweep cell from its rounds: tokens, seconds, drafting and counters summed (a greedy round repeats the
+    same outputs, so the counters are the first round's times the rounds), the first round's outputs (a round whose
+    outputs differ from it is named in `round_mismatches`), and each round's tok/s for the paired ratios."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    merged = {**first, "rounds": len(parts), "rounds_tok_s": [p["generated_tokens"] / p["generation_s"] for p in parts]}
+    for key in ("generation_s", "generated_tokens", "draft_s", "draft_calls", "process_s"):
+        merged[key] = sum(p.get(key) or 0 for p in parts)
+    counters: dict = {}
+    for p in parts:
+        for key, value in p["counters"].items():
+            if isinstance(value, list):
+                old = counters.get(key, [0] * len(value))
+                counters[key] = [a + b for a, b in zip(old, value)]
+            else:
+                counters[key] = counters.get(key, 0) + value
+    merged["counters"] = counters
+    same = first["output_token_ids"]
+    merged["round_mismatches"] = [i + 1 for i, p in enumerate(parts) if p["output_token_ids"] != same]
+    return merged
 
 
 def format_sweep(result: dict) -> str:
@@ -588,7 +639,13 @@ def format_sweep(result: dict) -> str:
     lines = [
         f"k={result['k']}, {result['num_prompts']} prompts from `{Path(result['prompts_file']).name}`, "
         f"max_tokens={result['max_tokens']}, temperature={result['temperature']}"
-        + (f", k schedules {json.dumps(result['engine']['k_schedule'])}" if result["engine"].get("k_schedule") else ""),
+        + (f", k schedules {json.dumps(result['engine']['k_schedule'])}" if result["engine"].get("k_schedule") else "")
+        + (
+            f"; {result['engine']['repeats']} rounds: vs none is the median of each round's ratio (their range in "
+            "brackets), tok/s the mean"
+            if result["engine"].get("repeats", 1) > 1
+            else ""
+        ),
         "",
         "| method | "
         + " | ".join(f"batch {b}: tok/step, tok/s, vs none, draft/step" for b in sizes)
@@ -603,9 +660,11 @@ def format_sweep(result: dict) -> str:
                 cells.append("failed")
                 continue
             draft = f", draft {r['draft_ms_per_step']:.1f} ms" if r.get("draft_ms_per_step") else ""
+            spread = r.get("speedup_rounds")
+            spread = f" ({_fmt(min(spread))}-{_fmt(max(spread))})" if spread else ""
             cells.append(
                 f"{_fmt(r['tokens_per_target_step'])}, {_fmt(r['output_tokens_per_s'], '.1f')}, "
-                f"**{_fmt(r['speedup_vs_none'])}x**{draft}"
+                f"**{_fmt(r['speedup_vs_none'])}x**{spread}{draft}"
             )
             match.append(r["match_vs_none"])
         same = "ref" if name == "none" else (_fmt(min(match)) if match and None not in match else "—")

@@ -130,6 +130,13 @@ def acceptance(argv: list[str]) -> int:
     )
     p.add_argument("--max-num-seqs", type=int, default=None, help="the engine's most concurrent requests")
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="a sweep served N times, round by round; each speed-up is the median of the rounds' ratios to no "
+        "speculation in the same round (for machines whose speed drifts)",
+    )
+    p.add_argument(
         "--k-schedule",
         action="append",
         default=[],
@@ -201,6 +208,7 @@ def acceptance(argv: list[str]) -> int:
             batch_size=args.batch_size,
             batch_sizes=sizes,
             max_num_seqs=args.max_num_seqs,
+            repeats=args.repeats,
             k_schedule=schedule,
             parallel_drafting={"auto": None, "on": True, "off": False}[args.parallel_drafting],
             kv_cache_gib=args.kv_cache_gib,

@@ -99,6 +99,48 @@ def test_schedule_cli_and_sweep_table(tmp_path, capsys):
     assert (tmp_path / "p.png").stat().st_size > 1000
 
 
+def _cell(tok_s: float, accepted: int, outputs=((1, 2, 3),)) -> dict:
+    """One served round of a sweep cell as the engine process reports it (100 tokens at tok_s)."""
+    return {
+        "generated_tokens": 100,
+        "generation_s": 100 / tok_s,
+        "draft_s": 0.5,
+        "draft_calls": 50,
+        "process_s": 9.0,
+        "counters": {"num_drafts": 50, "num_accepted_tokens": accepted, "num_accepted_tokens_per_pos": [accepted, 0]},
+        "counters_at_start": {},
+        "output_token_ids": [list(o) for o in outputs],
+        "prompt_tokens": 10,
+        "engine_start_s": 1.0,
+        "import_s": 1.0,
+        "torch_threads": 1,
+        "result_file": "r.json",
+    }
+
+
+def test_repeats_pair_each_round_with_no_speculation_in_the_same_round():
+    """The machine slows down in round 2 for both methods: the per-round ratios stay 1.1x and 1.2x, and the cell's
+    figure is their median, not the ratio of means a drifting machine would bias."""
+    from draftsmith.eval.acceptance import _rows_at, merge_rounds
+
+    none = merge_rounds([_cell(100, 0), _cell(50, 0), _cell(100, 0)])
+    head = merge_rounds([_cell(110, 20), _cell(60, 20), _cell(120, 20)])
+    assert none["rounds_tok_s"] == pytest.approx([100, 50, 100])
+    assert head["generated_tokens"] == 300 and head["draft_calls"] == 150
+    assert head["counters"] == {"num_drafts": 150, "num_accepted_tokens": 60, "num_accepted_tokens_per_pos": [60, 0]}
+    assert head["round_mismatches"] == []
+    children = {"none": {**none, "sweep": [none]}, "h": {**head, "sweep": [head]}}
+    rows = _rows_at(0, ["none", "h"], children, {"none": None, "h": {"method": "eagle3"}}, 0.0)
+    assert rows["h"]["speedup_rounds"] == pytest.approx([1.1, 1.2, 1.2])
+    assert rows["h"]["speedup_vs_none"] == pytest.approx(1.2)
+    assert rows["h"]["output_tokens_per_s"] == pytest.approx(300 / (100 / 110 + 100 / 60 + 100 / 120))
+    assert rows["h"]["tokens_per_target_step"] == pytest.approx(300 / 240)
+    # a round whose outputs differ from the first is named
+    odd = merge_rounds([_cell(100, 0), _cell(100, 0, outputs=((1, 2, 4),))])
+    assert odd["round_mismatches"] == [2]
+    assert merge_rounds([none]) is none
+
+
 def test_bad_sweep_arguments_are_refused_before_any_engine(tmp_path):
     from draftsmith.eval.acceptance import run_acceptance
 
@@ -109,6 +151,10 @@ def test_bad_sweep_arguments_are_refused_before_any_engine(tmp_path):
         run_acceptance("smollm2", str(prompts), ["none"], {}, batch_sizes=[1, 16], max_num_seqs=8, **common)
     with pytest.raises(ValueError, match="distinct integers >= 1"):
         run_acceptance("smollm2", str(prompts), ["none"], {}, batch_sizes=[0, 4], **common)
+    with pytest.raises(ValueError, match="give batch sizes too"):
+        run_acceptance("smollm2", str(prompts), ["none"], {}, repeats=3, **common)
+    with pytest.raises(ValueError, match="an integer >= 1"):
+        run_acceptance("smollm2", str(prompts), ["none"], {}, batch_sizes=[4], repeats=0, **common)
     with pytest.raises(ScheduleError, match="in no range"):
         run_acceptance("smollm2", str(prompts), ["none"], {}, k_schedule=[[2, 4, 3]], **common)
     with pytest.raises(ValueError, match="k schedules for \\['other'\\], which are not heads"):
@@ -170,9 +216,11 @@ def test_served_sweep_and_schedule_on_tiny_target(tiny_target_dir, tmp_path):
         {"p": str(exported)},
         out_dir=str(tmp_path / "sched"),
         k_schedule=[[1, 1, 3], [2, 4, 0]],
+        repeats=2,
         **common,
     )
     one, two = (s["methods"]["p"] for s in sched["sweep"])
+    assert len(one["speedup_rounds"]) == 2 and (tmp_path / "sched" / "runs" / "p.bs2.r2.result.json").is_file()
     assert one["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 4, 0]]
     assert one["counters"]["num_drafts"] > 0 and one["match_vs_none"] == 1.0
     # batch 2: k = 0 while both requests run (a request finishing early leaves a batch of 1, which drafts)

@@ -77,11 +77,22 @@ def test_two_stages_resume_and_export(tiny_target_dir, data_file, tmp_path, smol
     s2 = tmp_path / "stage2"
     proc = run_mlp(tiny_target_dir, data_file, s2, "head.stage=2", f"head.init_from={s1}", cache=cache)
     assert "stage 2: 8 prompts" in proc.stdout and len(list((cache / "generated").glob("*.json"))) == 1
+    assert f"head: weights from head.init_from={s1}" in proc.stdout
     a = load_file(s2 / "checkpoints" / "step_00000006" / "head.safetensors")
     first = load_file(s1 / "checkpoints" / "step_00000006" / "head.safetensors")
     s2_start = load_file(s2 / "checkpoints" / "step_00000003" / "head.safetensors")
     assert not torch.equal(first["head.0.weight"], a["head.0.weight"])
     assert (s2_start["head.0.weight"] - first["head.0.weight"]).abs().max() < 0.1  # continued, not re-initialised
+
+    # stage 2 from a fresh head (head.init_from=scratch, the stage-2 A/B's "stage 2 only" arm): the same continuations
+    # (from the cache), the same draft-vocab rule as stage 1, and weights nowhere near stage 1's trained ones
+    fresh = tmp_path / "stage2_scratch"
+    proc = run_mlp(tiny_target_dir, data_file, fresh, "head.stage=2", "head.init_from=scratch", cache=cache)
+    assert "stage 2: 8 prompts" in proc.stdout and "read from cache" in proc.stdout
+    assert "head: a fresh head from head.init_from=scratch" in proc.stdout
+    f3 = load_file(fresh / "checkpoints" / "step_00000003" / "head.safetensors")
+    far, near = ((x["head.0.weight"] - first["head.0.weight"]).norm() for x in (f3, s2_start))
+    assert far > 1.5 * near  # stage 1's trained weights are not where it started (measured: 31.2 against 14.4)
 
     # resume stage 2 from its step-3 checkpoint: the continuations come from the cache, step 6 is bit-identical
     resumed = tmp_path / "resumed"

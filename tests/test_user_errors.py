@@ -86,8 +86,10 @@ def test_the_presets_themselves_are_valid():
 
         assert config_problems(compose_run([f"conf={preset}"])) == [], preset
     assert config_problems(compose("conf=mlp_smollm2", "head.stage=2")) == [
-        "head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set head.init_from=<stage-1 run dir>"
+        "head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set head.init_from=<stage-1 run dir> "
+        "(or head.init_from=scratch for stage 2 from a fresh head)"
     ]
+    assert config_problems(compose("conf=mlp_smollm2", "head.stage=2", "head.init_from=scratch")) == []
 
 
 def test_handler_prints_one_paragraph_and_honours_debug(capsys, monkeypatch):

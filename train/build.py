@@ -130,12 +130,22 @@ def build_target(cfg, device: torch.device, ends_only: bool = False) -> tuple[Ta
     return Target.from_pretrained(path, cfg.aux_layer_ids, dtype=dtype), path
 
 
+# head.init_from=scratch: stage 2 from a fresh head instead of a stage-1 one (the stage-2 A/B's "stage 2 only" arm)
+SCRATCH = "scratch"
+
+
+def init_dir(head_cfg) -> str | None:
+    """The run or checkpoint head.init_from names; None for a fresh head (unset, or `scratch`)."""
+    value = head_cfg.get("init_from")
+    return None if not value or value == SCRATCH else value
+
+
 def build_head(cfg, target: Target, vocab):
     """A head of head.family for this target (`vocab`: the draft vocab, None for a family without one): fresh, or
     with head.init_from's weights (`draftsmith adapt` and stage 2 continue a trained head)."""
     family = families.get(cfg.family)
     head = family.build(cfg, target, vocab)
-    if cfg.get("init_from"):
+    if init_dir(cfg):
         load_init_weights(head, cfg, family)
     return head
 
@@ -184,7 +194,7 @@ def build_eagle3(cfg, target: Target, vocab) -> Eagle3Head:
     head = Eagle3Head(Eagle3Config.from_run(cfg, target.config, target.aux_layer_ids))
     head.attach_target(target)
     head.set_vocab(vocab.d2t, vocab.t2d)
-    if cfg.get("init_from"):
+    if init_dir(cfg):
         return head  # build_head copies head.init_from's weights in
     if cfg.init == "target":
         warm_start(head, target)
@@ -354,7 +364,7 @@ def build_data_and_vocab(cfg, tokenizer, run_dir: Path, log=print):
     vocab, stats, line = None, dict(data.stats), ""
     family = families.get(cfg.head.family)
     if family.uses_draft_vocab(cfg.head):
-        if cfg.head.get("init_from"):  # the rows that head trained, whatever this data's most frequent tokens are
+        if init_dir(cfg.head):  # the rows that head trained, whatever this data's most frequent tokens are
             vocab = vocab_from_d2t(init_checkpoint(cfg.head, family)[1]["d2t"], cfg.target.vocab_size)
             whose = f"head.init_from's draft vocab ({vocab.draft_vocab_size})"
         else:
@@ -390,7 +400,7 @@ def build_mlp_speculator(cfg, target: Target, vocab=None):
         if vocab is None:
             raise ConfigError(f"head.draft_vocab_size={hcfg.draft_vocab_size}: the run built no draft vocab for it")
         head.set_vocab(vocab.d2t, vocab.t2d)
-    if cfg.init_from:
+    if init_dir(cfg):
         return head  # build_head copies head.init_from's weights and draft vocab in
     if cfg.init == "output":
         if hcfg.inner_dim != hcfg.emb_dim:

@@ -55,7 +55,7 @@ def run(cfg: DictConfig) -> dict:
     from accelerate import Accelerator, PartialState
 
     from draftsmith.lock import acquire_dir
-    from draftsmith.train.build import build_head, build_run, pin_fast_bf16, probe_fast_bf16
+    from draftsmith.train.build import build_head, build_run, init_dir, pin_fast_bf16, probe_fast_bf16
     from draftsmith.train.checkpoint import check_run_dir, clear_run_dir, recorded_fast_bf16, verify_checkpoint
     from draftsmith.train.config import validate_config
     from draftsmith.train.loop import print0, train
@@ -134,6 +134,9 @@ def run(cfg: DictConfig) -> dict:
             shutil.rmtree(staging, ignore_errors=True)
     accelerator.wait_for_everyone()  # no rank writes into the run dir before the main process has cleared it
     head = build_head(cfg.head, target, vocab)
+    if cfg.head.get("init_from"):
+        fresh = init_dir(cfg.head) is None
+        log(f"head: {'a fresh head' if fresh else 'weights'} from head.init_from={cfg.head.init_from}")
     head.config.target["name_or_path"] = tokenizer.name_or_path  # the target's resolved local dir or hub id
     tracker = None
     if accelerator.is_main_process and cfg.wandb.get("mode", "disabled") != "disabled":

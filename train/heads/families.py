@@ -89,7 +89,7 @@ class Family:
         if self.stage2 and head_cfg.stage == 2 and not head_cfg.init_from:
             out.append(
                 "head.stage=2 without head.init_from: stage 2 continues a stage-1 head; set "
-                "head.init_from=<stage-1 run dir>"
+                "head.init_from=<stage-1 run dir> (or head.init_from=scratch for stage 2 from a fresh head)"
             )
         return out
 

@@ -26,6 +26,9 @@ from draftsmith.atomic import atomic_write_json
 BACKENDS = ("auto", "vllm", "hf")
 
 
+HEARTBEAT_S = 5.0  # seconds between the vLLM child's progress events (tokens generated so far)
+
+
 def resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: expected one of {BACKENDS}")
@@ -60,12 +63,14 @@ def iter_vllm(
     threads: int | None = None,
     kv_cache_gib: int = 2,
     log_path: str | None = None,
+    on_tokens=None,
 ):
     """Batched generation in a vLLM child process (no speculation).
 
     Yields (start, token_ids, finish_reasons) as each batch of `batch_size` prompts finishes, so a caller
     can save work as it lands (draftsmith regenerate resumes from there). `threads`: OpenMP threads of the
-    engine (None: `default_threads()`, every core).
+    engine (None: `default_threads()`, every core). `on_tokens(n)`: called every few seconds with the tokens the
+    engine has generated so far (a batch of long answers finishes no request for minutes).
     """
     threads = threads or default_threads()
     from transformers import AutoConfig
@@ -84,6 +89,7 @@ def iter_vllm(
         "batch_size": batch_size,
         "warmup_tokens": 0,
         "stream_outputs": True,
+        "heartbeat_s": HEARTBEAT_S if on_tokens else None,
     }
     env = {
         **os.environ,
@@ -107,6 +113,8 @@ def iter_vllm(
                         ev = json.loads(line[len(EVENT) :])
                         if ev["event"] == "outputs":
                             yield ev["start"], ev["token_ids"], ev["finish_reasons"]
+                        elif ev["event"] == "heartbeat" and on_tokens and ev.get("tokens") is not None:
+                            on_tokens(ev["tokens"])
         except BaseException:  # the consumer stopped early, or a kill/interrupt: the engine must not outlive us
             proc.kill()
             proc.wait()
@@ -258,8 +266,25 @@ def cached_generate(
             pass  # a damaged cache is regenerated, never trusted
     import time
 
+    from tqdm import tqdm
+
     t0 = time.perf_counter()
-    outs = generate(path, prompts, max_tokens, temperature, seed, backend=backend, **kw)
+    # tokens against the most there can be (every answer max_tokens long): the ETA is an upper bound
+    bar = tqdm(total=len(prompts) * max_tokens, desc="generate", unit="tok", unit_scale=True, mininterval=5)
+
+    def on_tokens(n: int) -> None:
+        bar.update(max(0, n - bar.n))
+
+    if backend == "vllm":
+        kw = {**kw, "on_tokens": on_tokens}
+    outs: list[list[int]] = []
+    try:
+        for _, batch, _ in iter_generate(path, prompts, max_tokens, temperature, seed, backend, **kw):
+            outs += batch
+            bar.set_postfix_str(f"{len(outs)}/{len(prompts)} prompts", refresh=False)
+            on_tokens(max(bar.n, sum(map(len, outs))))
+    finally:
+        bar.close()
     seconds = time.perf_counter() - t0
     n = sum(map(len, outs))
     log(

@@ -9,7 +9,8 @@ else (vLLM's own logs) goes to the method's log file.
 
 JOB.json: {"name", "target", "speculative_config" (null = no speculation), "prompt_token_ids",
 "sampling": {"temperature", "max_tokens", "seed"}, "engine": {LLM(...) keyword arguments},
-"batch_size", "warmup_tokens", "stream_outputs" (emit each batch's token ids as an `outputs` event)}.
+"batch_size", "warmup_tokens", "stream_outputs" (emit each batch's token ids as an `outputs` event), "heartbeat_s"
+(emit the tokens generated so far that often: long generation jobs)}.
 
 A batch-size sweep starts one of these per batch size: an engine that has served the prompts once would serve them
 again from its prefix cache, and suffix decoding would draft from the answers it saw (2.1x no speculation at batch
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -155,7 +157,9 @@ def run(job: dict) -> dict:
         llm.generate([warm], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
 
     hybrid_before = _read_json(job.get("hybrid_stats"))
-    generated = generate_all(llm, prompts, params, batch, stream=job.get("stream_outputs", False))
+    generated = generate_all(
+        llm, prompts, params, batch, stream=job.get("stream_outputs", False), heartbeat_s=job.get("heartbeat_s")
+    )
     hybrid_after = _read_json(job.get("hybrid_stats"))
 
     return {
@@ -181,9 +185,40 @@ def run(job: dict) -> dict:
     }
 
 
-def generate_all(llm, prompts, params, batch: int, stream: bool = False) -> dict:
+def generated_tokens(llm) -> int:
+    """Output tokens the engine has generated so far (its `vllm:generation_tokens` counter; 0 without one)."""
+    return int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:generation_tokens"))
+
+
+def heartbeat(llm, every_s: float) -> threading.Event:
+    """Emit a `heartbeat` event (tokens generated so far) every `every_s` seconds until the returned event is set:
+    a batch of long answers runs for minutes without a finished request, and the parent's bar must still move."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(every_s):
+            try:
+                emit("heartbeat", tokens=generated_tokens(llm))
+            except Exception:  # noqa: BLE001 - a figure for a progress bar, never a reason to fail the run
+                emit("heartbeat", tokens=None)
+
+    threading.Thread(target=beat, daemon=True).start()
+    return stop
+
+
+def generate_all(llm, prompts, params, batch: int, stream: bool = False, heartbeat_s: float | None = None) -> dict:
     """Every prompt, `batch` concurrent requests per generate() call: the timed generation, its counters (after -
-    before, so nothing the engine did earlier counts) and outputs."""
+    before, so nothing the engine did earlier counts) and outputs. `heartbeat_s`: emit the tokens generated so far
+    that often (long generation jobs; never for timed evaluation, whose engine should run alone)."""
+    stop = heartbeat(llm, heartbeat_s) if heartbeat_s else None
+    try:
+        return _generate_all(llm, prompts, params, batch, stream)
+    finally:
+        if stop is not None:
+            stop.set()
+
+
+def _generate_all(llm, prompts, params, batch: int, stream: bool) -> dict:
     before = read_spec_counters(llm)
     draft_before = draft_timer(llm)
     outputs: list[list[int]] = []

@@ -49,3 +49,47 @@ def test_vllm_generate_equals_hf_greedy(tiny_target_dir):
     hf = generate(str(tiny_target_dir), PROMPTS, max_tokens=8, temperature=0.0, backend="hf")
     vl = generate(str(tiny_target_dir), PROMPTS, max_tokens=8, temperature=0.0, backend="vllm")
     assert vl == hf
+
+
+def test_the_engine_process_beats_while_a_batch_runs(capsys):
+    """The generation child emits the tokens generated so far every few seconds, whether or not a request has
+    finished (a batch of 256-token answers finishes none for minutes), and stops when told."""
+    import json
+    import time
+    from types import SimpleNamespace
+
+    from draftsmith.vllm_runner import EVENT, heartbeat
+
+    counter = {"n": 0}
+
+    class Engine:
+        def get_metrics(self):
+            counter["n"] += 7
+            return [
+                SimpleNamespace(name="vllm:generation_tokens", value=counter["n"]),
+                SimpleNamespace(name="x", value=1),
+            ]
+
+    stop = heartbeat(Engine(), 0.01)
+    time.sleep(0.2)
+    stop.set()
+    time.sleep(0.05)
+    beats = [json.loads(x[len(EVENT) :]) for x in capsys.readouterr().out.splitlines() if x.startswith(EVENT)]
+    tokens = [b["tokens"] for b in beats if b["event"] == "heartbeat"]
+    assert len(tokens) >= 3 and tokens == sorted(tokens) and tokens[0] % 7 == 0
+    time.sleep(0.05)
+    assert capsys.readouterr().out == ""  # stopped
+
+
+@pytest.mark.slow
+def test_vllm_generation_reports_tokens_as_it_goes(tiny_target_dir, monkeypatch):
+    import draftsmith.generate as gen
+
+    monkeypatch.setattr(gen, "HEARTBEAT_S", 0.01)
+    seen: list[int] = []
+    outs = [
+        ids
+        for _, batch, _ in gen.iter_vllm(str(tiny_target_dir), PROMPTS, 64, 0.0, 0, on_tokens=seen.append)
+        for ids in batch
+    ]
+    assert seen and seen == sorted(seen) and seen[-1] <= sum(map(len, outs))

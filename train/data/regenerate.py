@@ -264,6 +264,12 @@ def regenerate(
             print(f"regenerate: turn {turn}: {len(todo)} to go", flush=True)
         if not todo:
             continue
+        bar = tqdm(total=len(todo), desc=f"regenerate turn {turn}", unit="prompt", dynamic_ncols=True)
+        t_turn = time.perf_counter()
+
+        def beat(n: int, bar=bar, t_turn=t_turn) -> None:  # a batch of long answers finishes no prompt for minutes
+            bar.set_postfix(tokens=n, tok_s=f"{n / (time.perf_counter() - t_turn):.0f}")
+
         batches = iter_generate(
             target_path,
             [p["prompt_ids"] for p in todo],
@@ -272,9 +278,9 @@ def regenerate(
             seed,
             backend,
             batch_size=batch_size,
+            **({"on_tokens": beat} if backend == "vllm" else {}),
             **kw,
         )
-        bar = tqdm(total=len(todo), desc=f"regenerate turn {turn}", unit="prompt", dynamic_ncols=True)
         for start, token_ids, finish in batches:
             records = []
             for p, ids, why in zip(todo[start : start + len(token_ids)], token_ids, finish):

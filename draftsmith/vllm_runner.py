@@ -48,17 +48,24 @@ def read_spec_counters(llm) -> dict:
     counters: dict = {}
     for m in llm.get_metrics():
         key = SPEC_COUNTERS.get(m.name)
-        if key is None:
-            continue
-        if key == "num_accepted_tokens_per_pos":
-            # a Vector metric: one integer counter per draft position
-            old = counters.get(key, [])
-            vals = [int(v) for v in m.values]
-            width = max(len(old), len(vals))
-            counters[key] = [(old[i] if i < len(old) else 0) + (vals[i] if i < len(vals) else 0) for i in range(width)]
-        else:
-            counters[key] = counters.get(key, 0) + int(m.value)
+        if key is not None:  # num_accepted_tokens_per_pos is a Vector metric: one integer counter per draft position
+            value = [int(v) for v in m.values] if key == "num_accepted_tokens_per_pos" else int(m.value)
+            counters = counter_sum(counters, {key: value})
     return counters
+
+
+def counter_sum(a: dict, b: dict) -> dict:
+    """a + b key by key; a per-position vector adds element by element (the shorter one padded with zeros)."""
+    out = dict(a)
+    for key, value in b.items():
+        prev = out.get(key)
+        if isinstance(value, list):
+            prev = prev or []
+            width = max(len(prev), len(value))
+            out[key] = [(prev[i] if i < len(prev) else 0) + (value[i] if i < len(value) else 0) for i in range(width)]
+        else:
+            out[key] = (prev or 0) + value
+    return out
 
 
 def counter_delta(after: dict, before: dict) -> dict:

@@ -19,6 +19,7 @@ chat template. Figures come from vLLM's own counters, differenced around the tim
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -33,7 +34,7 @@ from importlib import metadata
 from pathlib import Path
 
 from draftsmith.eval.prompts import load_prompts, render_prompts
-from draftsmith.vllm_runner import EVENT, HYBRID_KEYS
+from draftsmith.vllm_runner import EVENT, HYBRID_KEYS, counter_sum
 
 BASELINES = ("none", "ngram", "suffix")
 ENGINE_DEFAULTS = {
@@ -617,15 +618,7 @@ def merge_rounds(parts: list[dict]) -> dict:
     merged = {**first, "rounds": len(parts), "rounds_tok_s": [p["generated_tokens"] / p["generation_s"] for p in parts]}
     for key in ("generation_s", "generated_tokens", "draft_s", "draft_calls", "process_s"):
         merged[key] = sum(p.get(key) or 0 for p in parts)
-    counters: dict = {}
-    for p in parts:
-        for key, value in p["counters"].items():
-            if isinstance(value, list):
-                old = counters.get(key, [0] * len(value))
-                counters[key] = [a + b for a, b in zip(old, value)]
-            else:
-                counters[key] = counters.get(key, 0) + value
-    merged["counters"] = counters
+    merged["counters"] = functools.reduce(counter_sum, (p["counters"] for p in parts), {})
     same = first["output_token_ids"]
     merged["round_mismatches"] = [i + 1 for i, p in enumerate(parts) if p["output_token_ids"] != same]
     return merged

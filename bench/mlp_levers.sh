@@ -14,10 +14,12 @@
 # Served: 16 held-out chat prompts and 16 MT-Bench prompts, greedy, k=3, 128 tokens, batch 8, against none, ngram
 # and suffix (`draftsmith eval acceptance`).
 set -euo pipefail
+DRY=${DRY:-0}  # DRY=1 prints every command ("+ ...") and runs none (tests/test_bench_scripts.py parses them)
+run() { echo "+ $*"; [ "$DRY" = 1 ] || "$@"; }
 OUT=${1:?usage: bench/mlp_levers.sh OUT [MINUTES]}
 MINUTES=${2:-6}
 mkdir -p "$OUT"
-COMMON=(conf=mlp_smollm2 data.num_conversations=2394 "data.also=[]" data.features=offline "optim.max_minutes=$MINUTES"
+COMMON=(conf=mlp_smollm2 data.num_conversations=2394 "data.also=[]" "optim.max_minutes=$MINUTES"
   eval_every=1000000 save_every=1000000)
 declare -A LEVERS=(
   [full_adamw]="head.draft_vocab_size=0"
@@ -31,8 +33,8 @@ HEADS=()
 for name in "${ORDER[@]}"; do
   # shellcheck disable=SC2086
   [ -f "$OUT/$name/exported/config.json" ] || {
-    python train/run.py "${COMMON[@]}" ${LEVERS[$name]} "output_dir=$OUT/$name" resume=auto
-    draftsmith export --format vllm --force "$OUT/$name" "$OUT/$name/exported"
+    run python train/run.py "${COMMON[@]}" ${LEVERS[$name]} "output_dir=$OUT/$name" resume=auto
+    run draftsmith export --format vllm --force "$OUT/$name" "$OUT/$name/exported"
   }
   HEADS+=(--head "$name=$OUT/$name/exported")
 done
@@ -40,6 +42,6 @@ MT=$(python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_
 for w in chat mtbench; do
   prompts=$OUT/full_adamw/heldout_prompts.jsonl
   [ "$w" = mtbench ] && prompts=$MT
-  draftsmith eval acceptance --target smollm2 "${HEADS[@]}" --methods none,ngram,suffix --prompts "$prompts" \
+  run draftsmith eval acceptance --target smollm2 "${HEADS[@]}" --methods none,ngram,suffix --prompts "$prompts" \
     --num-prompts 16 --k 3 --max-tokens 128 --batch-size 8 --out "$OUT/served_$w"
 done

@@ -14,8 +14,7 @@
 # Served: 16 held-out chat prompts and 16 MT-Bench prompts, greedy, k=3, 128 tokens, batch 8, against none, ngram
 # and suffix (`draftsmith eval acceptance`).
 set -euo pipefail
-DRY=${DRY:-0}  # DRY=1 prints every command ("+ ...") and runs none (tests/test_bench_scripts.py parses them)
-run() { echo "+ $*"; [ "$DRY" = 1 ] || "$@"; }
+. "$(dirname "$0")/mlp_arms.sh"  # run, arm, serve (DRY=1 prints the commands)
 OUT=${1:?usage: bench/mlp_levers.sh OUT [MINUTES]}
 MINUTES=${2:-6}
 mkdir -p "$OUT"
@@ -29,19 +28,8 @@ declare -A LEVERS=(
   [v4096_muon_tied]="optim.name=muon optim.lr=4e-3 head.tie_weights=true"
 )
 ORDER=(full_adamw v4096_adamw v4096_muon v4096_adamw_tied v4096_muon_tied)
-HEADS=()
 for name in "${ORDER[@]}"; do
   # shellcheck disable=SC2086
-  [ -f "$OUT/$name/exported/config.json" ] || {
-    run python train/run.py "${COMMON[@]}" ${LEVERS[$name]} "output_dir=$OUT/$name" resume=auto
-    run draftsmith export --format vllm --force "$OUT/$name" "$OUT/$name/exported"
-  }
-  HEADS+=(--head "$name=$OUT/$name/exported")
+  arm "$name" ${LEVERS[$name]}
 done
-MT=$(python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())")
-for w in chat mtbench; do
-  prompts=$OUT/full_adamw/heldout_prompts.jsonl
-  [ "$w" = mtbench ] && prompts=$MT
-  run draftsmith eval acceptance --target smollm2 "${HEADS[@]}" --methods none,ngram,suffix --prompts "$prompts" \
-    --num-prompts 16 --k 3 --max-tokens 128 --batch-size 8 --out "$OUT/served_$w"
-done
+serve full_adamw 16

@@ -14,11 +14,10 @@
 #   eval_every / save_every: past the end       one held-out eval and checkpoint, at the end
 #   plus the arm: preset (nothing more); wd02: optim.weight_decay=0.2 (eagle3_smollm2's); lr8e3: optim.lr=8e-3;
 #   bs4096: data.max_tokens_per_batch=4096 data.max_batch_size=32 optim.lr=5.7e-3 (lr by the square root of the batch)
-# Served: NUM_PROMPTS (default 16) held-out chat prompts and as many MT-Bench prompts, greedy, k=3, 128 tokens, batch 8, against none, ngram
-# and suffix (`draftsmith eval acceptance`).
+# Served: NUM_PROMPTS (default 16) held-out chat prompts and as many MT-Bench prompts, greedy, k=3, 128 tokens,
+# batch 8, against none, ngram and suffix (`draftsmith eval acceptance`).
 set -euo pipefail
-DRY=${DRY:-0}  # DRY=1 prints every command ("+ ...") and runs none (tests/test_bench_scripts.py parses them)
-run() { echo "+ $*"; [ "$DRY" = 1 ] || "$@"; }
+. "$(dirname "$0")/mlp_arms.sh"  # run, arm, serve (DRY=1 prints the commands)
 OUT=${1:?usage: bench/mlp_optim.sh OUT [MINUTES]}
 MINUTES=${2:-6}
 NUM_PROMPTS=${NUM_PROMPTS:-16}
@@ -32,20 +31,8 @@ declare -A ARMS=(
   [bs4096]="data.max_tokens_per_batch=4096 data.max_batch_size=32 optim.lr=5.7e-3"
 )
 ORDER=(${ORDER:-preset wd02 bs4096 lr8e3})
-HEADS=()
 for name in "${ORDER[@]}"; do
   # shellcheck disable=SC2086
-  [ -f "$OUT/$name/exported/config.json" ] || {
-    run python train/run.py "${COMMON[@]}" ${ARMS[$name]} "output_dir=$OUT/$name" resume=auto
-    run draftsmith export --format vllm --force "$OUT/$name" "$OUT/$name/exported"
-  }
-  HEADS+=(--head "$name=$OUT/$name/exported")
+  arm "$name" ${ARMS[$name]}
 done
-MT=$(python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())")
-for w in chat mtbench; do
-  prompts=$OUT/preset/heldout_prompts.jsonl
-  [ "$w" = mtbench ] && prompts=$MT
-  [ -f "$OUT/served_$w/acceptance.json" ] && continue
-  run draftsmith eval acceptance --target smollm2 "${HEADS[@]}" --methods none,ngram,suffix --prompts "$prompts" \
-    --num-prompts "$NUM_PROMPTS" --k 3 --max-tokens 128 --batch-size 8 --out "$OUT/served_$w"
-done
+serve preset "$NUM_PROMPTS"

@@ -18,8 +18,7 @@
 # Served: 16 held-out chat prompts and 16 MT-Bench prompts, greedy, k=3, 128 tokens, batch 8, against none, ngram
 # and suffix (`draftsmith eval acceptance`).
 set -euo pipefail
-DRY=${DRY:-0}  # DRY=1 prints every command ("+ ...") and runs none (tests/test_bench_scripts.py parses them)
-run() { echo "+ $*"; [ "$DRY" = 1 ] || "$@"; }
+. "$(dirname "$0")/mlp_arms.sh"  # run, arm, serve (DRY=1 prints the commands)
 OUT=${1:?usage: bench/mlp_stage2.sh OUT [MINUTES]}
 MINUTES=${2:-6}
 HALF=$(python -c "print($MINUTES / 2)")
@@ -27,23 +26,9 @@ S2_PROMPTS=${S2_PROMPTS:-512}
 mkdir -p "$OUT"
 COMMON=(conf=mlp_smollm2 data.num_conversations=2394 "data.also=[]"
   eval_every=1000000 save_every=1000000 "stage2.num_prompts=$S2_PROMPTS")
-train() {  # train NAME OVERRIDES...: run and export once (a finished arm is kept)
-  local name=$1
-  shift
-  [ -f "$OUT/$name/exported/config.json" ] && return
-  run python train/run.py "${COMMON[@]}" "$@" "output_dir=$OUT/$name" resume=auto
-  run draftsmith export --format vllm --force "$OUT/$name" "$OUT/$name/exported"
-}
-train s1 "optim.max_minutes=$MINUTES"
-train s1_half "optim.max_minutes=$HALF"
-train s1s2 "optim.max_minutes=$HALF" head.stage=2 "head.init_from=$OUT/s1_half"
-train s2 "optim.max_minutes=$MINUTES" head.stage=2 head.init_from=scratch
-HEADS=(--head "s1=$OUT/s1/exported" --head "s1s2=$OUT/s1s2/exported" --head "s2=$OUT/s2/exported")
-MT=$(python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())")
-for w in chat mtbench; do
-  prompts=$OUT/s1/heldout_prompts.jsonl
-  [ "$w" = mtbench ] && prompts=$MT
-  [ -f "$OUT/served_$w/acceptance.json" ] && continue
-  run draftsmith eval acceptance --target smollm2 "${HEADS[@]}" --methods none,ngram,suffix --prompts "$prompts" \
-    --num-prompts 16 --k 3 --max-tokens 128 --batch-size 8 --out "$OUT/served_$w"
-done
+arm s1 "optim.max_minutes=$MINUTES"
+arm s1_half "optim.max_minutes=$HALF"
+arm s1s2 "optim.max_minutes=$HALF" head.stage=2 "head.init_from=$OUT/s1_half"
+arm s2 "optim.max_minutes=$MINUTES" head.stage=2 head.init_from=scratch
+HEADS=(--head "s1=$OUT/s1/exported" --head "s1s2=$OUT/s1s2/exported" --head "s2=$OUT/s2/exported")  # not s1_half
+serve s1 16

@@ -13,8 +13,7 @@
 # hash in bench/results/prompts). Per second: 12 prompts per workload at batch 1 (`--batch-sizes 1`, a fresh engine
 # per method), the MLP head beside EAGLE3_HEAD (an exported EAGLE-3 head; none given: the MLP head alone).
 set -euo pipefail
-DRY=${DRY:-0}  # DRY=1 prints every command ("+ ...") and runs none (tests/test_bench_scripts.py parses them)
-run() { echo "+ $*"; [ "$DRY" = 1 ] || "$@"; }
+. "$(dirname "$0")/mlp_arms.sh"  # run (DRY=1 prints the commands)
 OUT=${1:?usage: bench/mlp_hour.sh OUT [EAGLE3_HEAD]}
 EAGLE3=${2:-}
 RUN=$OUT/run

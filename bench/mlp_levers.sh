@@ -9,8 +9,10 @@
 #                                              read from the cache: an EAGLE-3 extraction of the same samples serves)
 #   optim.max_minutes=MINUTES                  the equal clock
 #   eval_every / save_every: past the end       one held-out eval and checkpoint, at the end (not on the clock)
+#   the base the record measured, set in every arm (the preset before it took Muon and tied stages), so a re-run
+#   compares the same arms: optim.name=adamw optim.lr=1e-3, head.tie_weights=false
 #   plus the lever: head.draft_vocab_size=0 (the target's 49,152 rows), optim.name=muon optim.lr=4e-3,
-#   head.tie_weights=true, and the last two together
+#   head.tie_weights=true, and the last two together (v4096_muon_tied: what conf=mlp_smollm2 sets today)
 # Served: 16 held-out chat prompts and 16 MT-Bench prompts, greedy, k=3, 128 tokens, batch 8, against none, ngram
 # and suffix (`draftsmith eval acceptance`).
 set -euo pipefail
@@ -20,12 +22,14 @@ MINUTES=${2:-6}
 mkdir -p "$OUT"
 COMMON=(conf=mlp_smollm2 data.num_conversations=2394 "data.also=[]" "optim.max_minutes=$MINUTES"
   eval_every=1000000 save_every=1000000)
+ADAMW="optim.name=adamw optim.lr=1e-3"  # the record's base (the preset's before Muon and tied stages)
+MUON="optim.name=muon optim.lr=4e-3"
 declare -A LEVERS=(
-  [full_adamw]="head.draft_vocab_size=0"
-  [v4096_adamw]=""
-  [v4096_muon]="optim.name=muon optim.lr=4e-3"
-  [v4096_adamw_tied]="head.tie_weights=true"
-  [v4096_muon_tied]="optim.name=muon optim.lr=4e-3 head.tie_weights=true"
+  [full_adamw]="$ADAMW head.tie_weights=false head.draft_vocab_size=0"
+  [v4096_adamw]="$ADAMW head.tie_weights=false"
+  [v4096_muon]="$MUON head.tie_weights=false"
+  [v4096_adamw_tied]="$ADAMW head.tie_weights=true"
+  [v4096_muon_tied]="$MUON head.tie_weights=true"
 )
 ORDER=(full_adamw v4096_adamw v4096_muon v4096_adamw_tied v4096_muon_tied)
 for name in "${ORDER[@]}"; do

@@ -25,13 +25,16 @@ SCRIPTS = {
     "mlp_stage2.sh": {3.0, 6.0},  # the 1+2 arm's two halves
     "mlp_hour.sh": {60},
 }
+# harnesses that train nothing (they serve what a run made), with the arguments after OUT
+SERVE_ONLY = {"quickstart_reserve.sh": ["QS_OUT"]}
 NOT_OVERRIDES = {"conf", "output_dir", "resume"}  # which preset, where, and resume=auto: no setting of the run
 
 
 def dry_run(script: str, out: Path) -> list[list[str]]:
     env = {**os.environ, "DRY": "1"}
+    args = [str(out / a) for a in SERVE_ONLY.get(script, [])] + [str(out)]
     p = subprocess.run(
-        ["bash", str(ROOT / "bench" / script), str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+        ["bash", str(ROOT / "bench" / script), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
     )
     assert p.returncode == 0, p.stderr
     return [shlex.split(line[2:]) for line in p.stdout.splitlines() if line.startswith("+ ")]
@@ -59,7 +62,7 @@ def test_its_runs_are_the_preset_with_the_overrides_it_names(script, tmp_path):
             assert re.search(rf"(?<![\w.]){re.escape(key)}\b", named), f"{script}: `{key}` is not named in its header"
 
 
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.parametrize("script", sorted(SCRIPTS) + sorted(SERVE_ONLY))
 def test_its_draftsmith_commands_parse(script, tmp_path, parse_only):  # noqa: F811
     commands = [argv[1:] for argv in dry_run(script, tmp_path) if argv[0] == "draftsmith"]
     assert any(argv[:2] == ["eval", "acceptance"] for argv in commands), f"{script} serves nothing"

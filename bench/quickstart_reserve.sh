@@ -1,0 +1,35 @@
+#!/bin/bash
+# A quickstart's head served again on more prompts than its own table: on a slow machine the quickstart serves only
+# 16-19 prompts per workload to keep its budget, too few to tell a head from suffix decoding on chat (suffix's tokens
+# per step moved 1.59-1.80 between prompt subsets of one held-out set). This serves the exported head beside none,
+# ngram and suffix on 64 of the run's held-out chat prompts and MT-Bench's first 40, the counts of the hour records.
+#
+#   bash bench/quickstart_reserve.sh QUICKSTART_OUT OUT [CHAT_PROMPTS] [MTBENCH_PROMPTS]
+#
+# The served settings are the quickstart's (greedy, k=3, 128 tokens, batch 8; the head's name and the target's
+# dtype from the quickstart's own acceptance.json); nothing is trained. Run it in the quickstart's environment
+# (DRAFTSMITH_CACHE, any ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA cap): the target and kernels the head trained on.
+# DRY=1 prints the commands ("+ ...") and runs none (tests/test_bench_scripts.py parses them).
+set -euo pipefail
+QS=${1:?usage: bench/quickstart_reserve.sh QUICKSTART_OUT OUT [CHAT_PROMPTS] [MTBENCH_PROMPTS]}
+OUT=${2:?usage: bench/quickstart_reserve.sh QUICKSTART_OUT OUT [CHAT_PROMPTS] [MTBENCH_PROMPTS]}
+CHAT=${3:-64}
+MT=${4:-40}
+DRY=${DRY:-0}
+run() { echo "+ $*"; [ "$DRY" = 1 ] || "$@"; }
+# the quickstart's own served run names the head (eagle3, peagle or mlp: --family) and the target's dtype
+dtype=float32 head=eagle3
+if [ -f "$QS/acceptance/chat/acceptance.json" ]; then
+  read -r head dtype < <(python -c "import json, sys; d = json.load(open(sys.argv[1]))
+print(next(m for m in d['methods'] if m not in ('none', 'ngram', 'suffix')), d['engine']['dtype'])" \
+    "$QS/acceptance/chat/acceptance.json")
+fi
+mt=$(python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())")
+[ "$DRY" = 1 ] || mkdir -p "$OUT"
+for w in chat mtbench; do
+  prompts=$QS/heldout_prompts.jsonl n=$CHAT
+  [ "$w" = mtbench ] && prompts=$mt n=$MT
+  [ -f "$OUT/$w/acceptance.json" ] && continue
+  run draftsmith eval acceptance --target smollm2 --head "$head=$QS/exported" --methods none,ngram,suffix \
+    --prompts "$prompts" --num-prompts "$n" --k 3 --max-tokens 128 --batch-size 8 --dtype "$dtype" --out "$OUT/$w"
+done

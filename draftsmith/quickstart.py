@@ -49,10 +49,15 @@ DATA_S = 20.0  # read ShareGPT, take the shipped answers, render with the chat t
 TRAIN_OVERHEAD_S = 30.0  # start the child, load the target ends, the final held-out eval and checkpoint (12 s there)
 EXPORT_S = 15.0
 ENGINE_START_S = 20.0  # per method and workload: import vLLM, start an engine (enforce_eager), warm up (~20 s there)
-# extraction tok/s over the probe's: 966 against 836 there (real samples are shorter than the probe's 512 tokens),
-# times what the vLLM backend gains over the HF one (bench/results/2026-11-29/extract_vllm.md: 1,104 against 915
-# tok/s in bf16, 661 against 450 in fp32, same samples, same machine)
-EXTRACT_PER_PROBE = 1.1 * 1.2
+# extraction tok/s over the probe's forward, per features backend, measured on the budgeted runs: the training samples
+# (hf 0.95: bench/results/2026-11-28/quickstart_avx512, bf16; vllm 1.21 and 1.11: 2026-11-29/
+# quickstart_avx2_emulated_vllm and quickstart_avx2_emulated_zen4, fp32; 1.15 in bf16 from extract_vllm.md's 1.21x
+# over hf), the held-out ones, which also take the target's full-vocab argmax per token (hf 0.78; vllm 0.86, 0.85),
+# and the seconds before the first sample (loading the target; vllm: starting an engine, 11-24 s there)
+EXTRACT_PER_PROBE = {"hf": 0.95, "vllm": 1.15}
+HELDOUT_PER_PROBE = {"hf": 0.78, "vllm": 0.85}
+EXTRACT_START_S = {"hf": 5.0, "vllm": 30.0}
+HELDOUT_TOKENS = 128 * 292  # the preset's data.heldout samples (37.4-38.1k tokens on the budgeted runs)
 SERVE_PER_FORWARD = 0.1  # served tok/s at batch 8, 128 tokens a prompt, over the probe's: 70-96 against 836 there
 SERVE_METHODS = ("none", "ngram", "suffix")
 
@@ -65,10 +70,18 @@ class Rates:
     threads: int
     cpu: str
     flags: str
+    # the features backend the training stage will use (training_overrides): vLLM's prefill where it is installed
+    backend: str = field(default_factory=lambda: "vllm" if vllm_installed() else "hf")
 
     @property
     def extract_tok_s(self) -> float:
-        return self.forward_tok_s * EXTRACT_PER_PROBE
+        return self.forward_tok_s * EXTRACT_PER_PROBE[self.backend]
+
+    @property
+    def extract_fixed_s(self) -> float:
+        """Extraction seconds that do not grow with the data: the start, and the held-out samples' slower rate."""
+        heldout_tok_s = self.forward_tok_s * HELDOUT_PER_PROBE[self.backend]
+        return EXTRACT_START_S[self.backend] + HELDOUT_TOKENS * (1 / heldout_tok_s - 1 / self.extract_tok_s)
 
     @property
     def serve_tok_s(self) -> float:
@@ -131,8 +144,9 @@ def make_plan(
     """Split `budget_min` (minus what is spent already) between extraction, training and serving.
 
     Each answered turn costs its extraction once and PASSES training passes: with e and t the extraction and training
-    tok/s, N tokens take N/e + PASSES*N/t seconds, so the data grows with the budget and the clock follows it; past
-    the shipped pool's 4,000 turns the rest goes to training minutes."""
+    tok/s, N tokens take N/e + PASSES*N/t seconds (plus extraction's fixed part: its start and the held-out samples),
+    so the data grows with the budget and the clock follows it; past the shipped pool's 4,000 turns the rest goes to
+    training minutes."""
     workloads = ["chat", "mtbench"] + (["code"] if full else [])
     if not full:  # a slow machine serves fewer prompts rather than train less: serving gets at most SERVE_SHARE
         starts = serve_seconds(rates, workloads, 0, max_tokens)  # engine starts alone
@@ -143,19 +157,19 @@ def make_plan(
         tokens = 2_150_000
         stages = {
             "data": DATA_S + 300,  # + reading site-packages for the code prompts (~4 min on 2 cores)
-            "extract": tokens / rates.extract_tok_s,
+            "extract": rates.extract_fixed_s + tokens / rates.extract_tok_s,
             "train": 3600 + TRAIN_OVERHEAD_S,
             "export": EXPORT_S,
             "serve": serve,
         }
         return Plan(None, POOL_TURNS, True, 60.0, num_prompts, workloads, stages)
-    fixed = DATA_S + TRAIN_OVERHEAD_S + EXPORT_S + serve
+    fixed = DATA_S + rates.extract_fixed_s + TRAIN_OVERHEAD_S + EXPORT_S + serve
     left = budget_min * 60 * (1 - MARGIN) - spent_s - fixed  # seconds for extraction + training
     per_token = 1 / rates.extract_tok_s + PASSES / rates.train_tok_s
     turns = int(max(0.0, left) / per_token / TOKENS_PER_TURN)
     turns = min(POOL_TURNS, turns)
-    extract = turns * TOKENS_PER_TURN / rates.extract_tok_s
-    train_min = (left - extract) / 60
+    grows = turns * TOKENS_PER_TURN / rates.extract_tok_s  # the part of extraction that grows with the data
+    train_min = (left - grows) / 60
     if turns < MIN_TURNS or train_min < MIN_TRAIN_MINUTES:
         need = (
             spent_s
@@ -171,8 +185,9 @@ def make_plan(
             f"{turns} turns and train {max(train_min, 0):.1f} min; at least {MIN_TURNS} turns and "
             f"{MIN_TRAIN_MINUTES:g} min are needed). The smallest budget that works here: --budget {smallest}"
         )
-    train_min = round(train_min, 1)
-    stages = {"data": DATA_S, "extract": extract, "train": train_min * 60 + TRAIN_OVERHEAD_S, "export": EXPORT_S}
+    train_min = math.floor(train_min * 10) / 10  # tenths of a minute, never past the budget
+    stages = {"data": DATA_S, "extract": rates.extract_fixed_s + grows, "train": train_min * 60 + TRAIN_OVERHEAD_S}
+    stages["export"] = EXPORT_S
     stages["serve"] = serve
     return Plan(budget_min, turns, False, train_min, num_prompts, workloads, stages)
 

@@ -83,6 +83,10 @@ class Rates:
         heldout_tok_s = self.forward_tok_s * HELDOUT_PER_PROBE[self.backend]
         return EXTRACT_START_S[self.backend] + HELDOUT_TOKENS * (1 / heldout_tok_s - 1 / self.extract_tok_s)
 
+    def extract_s(self, tokens: float) -> float:
+        """Seconds to extract the features of `tokens` rendered tokens, held-out samples included."""
+        return self.extract_fixed_s + tokens / self.extract_tok_s
+
     @property
     def serve_tok_s(self) -> float:
         return self.forward_tok_s * SERVE_PER_FORWARD
@@ -157,7 +161,7 @@ def make_plan(
         tokens = 2_150_000
         stages = {
             "data": DATA_S + 300,  # + reading site-packages for the code prompts (~4 min on 2 cores)
-            "extract": rates.extract_fixed_s + tokens / rates.extract_tok_s,
+            "extract": rates.extract_s(tokens),
             "train": 3600 + TRAIN_OVERHEAD_S,
             "export": EXPORT_S,
             "serve": serve,
@@ -168,8 +172,8 @@ def make_plan(
     per_token = 1 / rates.extract_tok_s + PASSES / rates.train_tok_s
     turns = int(max(0.0, left) / per_token / TOKENS_PER_TURN)
     turns = min(POOL_TURNS, turns)
-    grows = turns * TOKENS_PER_TURN / rates.extract_tok_s  # the part of extraction that grows with the data
-    train_min = (left - grows) / 60
+    extract = rates.extract_s(turns * TOKENS_PER_TURN)
+    train_min = (left - (extract - rates.extract_fixed_s)) / 60  # `left` has extraction's fixed part taken off already
     if turns < MIN_TURNS or train_min < MIN_TRAIN_MINUTES:
         need = (
             spent_s
@@ -186,9 +190,13 @@ def make_plan(
             f"{MIN_TRAIN_MINUTES:g} min are needed). The smallest budget that works here: --budget {smallest}"
         )
     train_min = math.floor(train_min * 10) / 10  # tenths of a minute, never past the budget
-    stages = {"data": DATA_S, "extract": rates.extract_fixed_s + grows, "train": train_min * 60 + TRAIN_OVERHEAD_S}
-    stages["export"] = EXPORT_S
-    stages["serve"] = serve
+    stages = {
+        "data": DATA_S,
+        "extract": extract,
+        "train": train_min * 60 + TRAIN_OVERHEAD_S,
+        "export": EXPORT_S,
+        "serve": serve,
+    }
     return Plan(budget_min, turns, False, train_min, num_prompts, workloads, stages)
 
 

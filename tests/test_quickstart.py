@@ -80,7 +80,7 @@ def test_the_extraction_eta_matches_the_measured_runs(record):
     assert MEASURED[record] in (RECORDS / record / "quickstart.log").read_text() or MEASURED[record] == "hf"
     rates = qs.Rates(q["probe"]["forward_tok_s"], q["probe"]["train_tok_s"], q["machine"]["bf16"], 2, "", "",
                      backend=MEASURED[record])  # fmt: skip
-    planned = rates.extract_fixed_s + q["plan"]["conversations"] * qs.TOKENS_PER_TURN / rates.extract_tok_s
+    planned = rates.extract_s(q["plan"]["conversations"] * qs.TOKENS_PER_TURN)
     assert planned == pytest.approx(q["stage_seconds_spent"]["extract"], rel=0.08)
 
 

@@ -1,5 +1,5 @@
-# Shared by the MLP speculator's harnesses (bench/mlp_levers.sh, mlp_optim.sh, mlp_stage2.sh; mlp_hour.sh uses `run`);
-# sourced, not run.
+# Shared by the MLP speculator's harnesses (bench/mlp_levers.sh, mlp_optim.sh, mlp_stage2.sh; mlp_hour.sh and
+# quickstart_reserve.sh use `run`); sourced, not run.
 # The caller sets OUT and COMMON (the overrides every arm shares), calls `arm NAME OVERRIDES...` per arm (each adds
 # itself to HEADS, the heads `serve` serves), then `serve RUN NUM_PROMPTS` once.
 # DRY=1 prints every command ("+ ...") and runs none (tests/test_bench_scripts.py parses them).

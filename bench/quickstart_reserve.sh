@@ -15,8 +15,7 @@ QS=${1:?usage: bench/quickstart_reserve.sh QUICKSTART_OUT OUT [CHAT_PROMPTS] [MT
 OUT=${2:?usage: bench/quickstart_reserve.sh QUICKSTART_OUT OUT [CHAT_PROMPTS] [MTBENCH_PROMPTS]}
 CHAT=${3:-64}
 MT=${4:-40}
-DRY=${DRY:-0}
-run() { echo "+ $*"; [ "$DRY" = 1 ] || "$@"; }
+. "$(dirname "$0")/mlp_arms.sh"  # run (DRY=1 prints the commands)
 # the quickstart's own served run names the head (eagle3, peagle or mlp: --family) and the target's dtype
 dtype=float32 head=eagle3
 if [ -f "$QS/acceptance/chat/acceptance.json" ]; then

@@ -57,7 +57,13 @@ ENGINE_START_S = 20.0  # per method and workload: import vLLM, start an engine (
 EXTRACT_PER_PROBE = {"hf": 0.95, "vllm": 1.15}
 HELDOUT_PER_PROBE = {"hf": 0.78, "vllm": 0.85}
 EXTRACT_START_S = {"hf": 5.0, "vllm": 30.0}
-HELDOUT_TOKENS = 128 * 292  # the preset's data.heldout samples (37.4-38.1k tokens on the budgeted runs)
+HELDOUT_SAMPLE_TOKENS = 292  # rendered tokens per held-out sample (37.4-38.1k for 128 on the budgeted runs)
+# held-out conversations a budgeted plan sets aside (the preset's 128 stays with --full): they are served as the chat
+# prompts and scored for the held-out curve, and are not trained on; 128 were 23 % of the samples and 26 % of the
+# extraction of the 45-minute plan at issue 42's AVX2 speeds (bench/results/2026-11-29/quickstart_avx2_slow); 64
+# still cover the 16-32 served prompts and bench/quickstart_reserve.sh's 64
+HELDOUT = 64
+PRESET_HELDOUT = 128
 SERVE_PER_FORWARD = 0.1  # served tok/s at batch 8, 128 tokens a prompt, over the probe's: 70-96 against 836 there
 SERVE_METHODS = ("none", "ngram", "suffix")
 
@@ -77,15 +83,15 @@ class Rates:
     def extract_tok_s(self) -> float:
         return self.forward_tok_s * EXTRACT_PER_PROBE[self.backend]
 
-    @property
-    def extract_fixed_s(self) -> float:
-        """Extraction seconds that do not grow with the data: the start, and the held-out samples' slower rate."""
+    def extract_fixed_s(self, heldout: int) -> float:
+        """Extraction seconds that do not grow with the data: the start, and `heldout` samples' slower rate."""
         heldout_tok_s = self.forward_tok_s * HELDOUT_PER_PROBE[self.backend]
-        return EXTRACT_START_S[self.backend] + HELDOUT_TOKENS * (1 / heldout_tok_s - 1 / self.extract_tok_s)
+        tokens = heldout * HELDOUT_SAMPLE_TOKENS
+        return EXTRACT_START_S[self.backend] + tokens * (1 / heldout_tok_s - 1 / self.extract_tok_s)
 
-    def extract_s(self, tokens: float) -> float:
-        """Seconds to extract the features of `tokens` rendered tokens, held-out samples included."""
-        return self.extract_fixed_s + tokens / self.extract_tok_s
+    def extract_s(self, tokens: float, heldout: int) -> float:
+        """Seconds to extract the features of `tokens` rendered tokens, `heldout` held-out samples among them."""
+        return self.extract_fixed_s(heldout) + tokens / self.extract_tok_s
 
     @property
     def serve_tok_s(self) -> float:
@@ -101,11 +107,13 @@ class Plan:
     num_prompts: int
     workloads: list[str]
     stages: dict[str, float] = field(default_factory=dict)  # planned seconds
+    heldout: int = PRESET_HELDOUT  # held-out conversations (plans saved before it was planned kept the preset's)
 
     def overrides(self, out: Path, extra: list[str], preset: str = PRESET) -> list[str]:
         return training_overrides(
-            str(out), self.train_minutes, self.conversations, None if self.code_sets else [], extra, preset
-        )
+            str(out), self.train_minutes, self.conversations, None if self.code_sets else [], extra, preset,
+            self.heldout,
+        )  # fmt: skip
 
 
 class BudgetTooSmall(ValueError):
@@ -113,14 +121,21 @@ class BudgetTooSmall(ValueError):
 
 
 def training_overrides(
-    out: str, minutes: float, conversations: int, also: list | None, extra: list[str], preset: str = PRESET
+    out: str,
+    minutes: float,
+    conversations: int,
+    also: list | None,
+    extra: list[str],
+    preset: str = PRESET,
+    heldout: int = PRESET_HELDOUT,
 ) -> list[str]:
-    """The training stage's Hydra overrides: the preset with its data size and clock set (also=None keeps its
-    data.also), then the user's own overrides, then resume=auto (a re-run continues)."""
+    """The training stage's Hydra overrides: the preset with its data size, held-out set and clock set (also=None
+    keeps its data.also), then the user's own overrides, then resume=auto (a re-run continues)."""
     return [
         f"conf={preset}",
         f"output_dir={out}",
         f"data.num_conversations={conversations}",
+        *([] if heldout == PRESET_HELDOUT else [f"data.heldout={heldout}"]),
         *([] if also is None else ["data.also=[]"]),
         f"optim.max_minutes={minutes:g}",
         # the features from vLLM's own prefill, where it is installed (the quickstart serves with it): 1.2-1.5x the
@@ -147,10 +162,11 @@ def make_plan(
 ) -> Plan:
     """Split `budget_min` (minus what is spent already) between extraction, training and serving.
 
-    Each answered turn costs its extraction once and PASSES training passes: with e and t the extraction and training
-    tok/s, N tokens take N/e + PASSES*N/t seconds (plus extraction's fixed part: its start and the held-out samples),
-    so the data grows with the budget and the clock follows it; past the shipped pool's 4,000 turns the rest goes to
-    training minutes."""
+    Each answered turn costs its extraction once and, unless it is held out, PASSES training passes: with e and t the
+    extraction and training tok/s, N tokens of which H are held out take N/e + PASSES*(N-H)/t seconds (plus
+    extraction's fixed part: its start and the held-out samples' slower rate), so the data grows with the budget and
+    the clock follows it; past the shipped pool's 4,000 turns the rest goes to training minutes. A budgeted plan holds
+    out HELDOUT conversations (at least the served prompts); --full the preset's."""
     workloads = ["chat", "mtbench"] + (["code"] if full else [])
     if not full:  # a slow machine serves fewer prompts rather than train less: serving gets at most SERVE_SHARE
         starts = serve_seconds(rates, workloads, 0, max_tokens)  # engine starts alone
@@ -161,25 +177,27 @@ def make_plan(
         tokens = 2_150_000
         stages = {
             "data": DATA_S + 300,  # + reading site-packages for the code prompts (~4 min on 2 cores)
-            "extract": rates.extract_s(tokens),
+            "extract": rates.extract_s(tokens, PRESET_HELDOUT),
             "train": 3600 + TRAIN_OVERHEAD_S,
             "export": EXPORT_S,
             "serve": serve,
         }
         return Plan(None, POOL_TURNS, True, 60.0, num_prompts, workloads, stages)
-    fixed = DATA_S + rates.extract_fixed_s + TRAIN_OVERHEAD_S + EXPORT_S + serve
+    heldout = max(HELDOUT, num_prompts)
+    fixed = DATA_S + rates.extract_fixed_s(heldout) + TRAIN_OVERHEAD_S + EXPORT_S + serve
     left = budget_min * 60 * (1 - MARGIN) - spent_s - fixed  # seconds for extraction + training
     per_token = 1 / rates.extract_tok_s + PASSES / rates.train_tok_s
-    turns = int(max(0.0, left) / per_token / TOKENS_PER_TURN)
+    held_tokens = heldout * HELDOUT_SAMPLE_TOKENS  # extracted, never trained on
+    turns = int((max(0.0, left) + PASSES * held_tokens / rates.train_tok_s) / per_token / TOKENS_PER_TURN)
     turns = min(POOL_TURNS, turns)
-    extract = rates.extract_s(turns * TOKENS_PER_TURN)
-    train_min = (left - (extract - rates.extract_fixed_s)) / 60  # `left` has extraction's fixed part taken off already
+    extract = rates.extract_s(turns * TOKENS_PER_TURN, heldout)
+    train_min = (left - (extract - rates.extract_fixed_s(heldout))) / 60  # `left` has its fixed part off already
     if turns < MIN_TURNS or train_min < MIN_TRAIN_MINUTES:
         need = (
             spent_s
             + fixed
             + max(
-                MIN_TURNS * TOKENS_PER_TURN * per_token,
+                MIN_TURNS * TOKENS_PER_TURN * per_token - PASSES * held_tokens / rates.train_tok_s,
                 MIN_TURNS * TOKENS_PER_TURN / rates.extract_tok_s + MIN_TRAIN_MINUTES * 60,
             )
         )
@@ -197,7 +215,7 @@ def make_plan(
         "export": EXPORT_S,
         "serve": serve,
     }
-    return Plan(budget_min, turns, False, train_min, num_prompts, workloads, stages)
+    return Plan(budget_min, turns, False, train_min, num_prompts, workloads, stages, heldout)
 
 
 def probe(target_dir: str, preset: str = PRESET) -> Rates:
@@ -241,7 +259,7 @@ def print_plan(plan: Plan, rates: Rates, spent: dict[str, float]) -> None:
         f"target forward {rates.forward_tok_s:.0f} tok/s, head step {rates.train_tok_s:.0f} tok/s",
         flush=True,
     )
-    data = f"the target's answers to {plan.conversations:,} ShareGPT first turns" + (
+    data = f"the target's answers to {plan.conversations:,} ShareGPT first turns ({plan.heldout} held out)" + (
         " + the preset's code sets" if plan.code_sets else ""
     )
     print(

@@ -27,7 +27,8 @@ def test_the_plan_fits_the_budget(rates, budget):
     assert qs.MIN_PROMPTS <= plan.num_prompts <= 32
     assert plan.stages["serve"] <= budget * 60 * qs.SERVE_SHARE or plan.num_prompts == qs.MIN_PROMPTS
     trained = plan.train_minutes * 60 * rates.train_tok_s
-    data = plan.conversations * qs.TOKENS_PER_TURN
+    assert plan.heldout == max(qs.HELDOUT, plan.num_prompts)  # the served chat prompts come from the held-out set
+    data = plan.conversations * qs.TOKENS_PER_TURN - plan.heldout * qs.HELDOUT_SAMPLE_TOKENS  # held out: not trained
     if plan.conversations < qs.POOL_TURNS:  # the data is sized for ~PASSES passes in the clock
         assert trained / data == pytest.approx(qs.PASSES, rel=0.1)
     else:  # past the pool, the rest went to training minutes: more passes
@@ -80,7 +81,8 @@ def test_the_extraction_eta_matches_the_measured_runs(record):
     assert MEASURED[record] in (RECORDS / record / "quickstart.log").read_text() or MEASURED[record] == "hf"
     rates = qs.Rates(q["probe"]["forward_tok_s"], q["probe"]["train_tok_s"], q["machine"]["bf16"], 2, "", "",
                      backend=MEASURED[record])  # fmt: skip
-    planned = rates.extract_s(q["plan"]["conversations"] * qs.TOKENS_PER_TURN)
+    heldout = q["plan"].get("heldout", qs.PRESET_HELDOUT)
+    planned = rates.extract_s(q["plan"]["conversations"] * qs.TOKENS_PER_TURN, heldout)
     assert planned == pytest.approx(q["stage_seconds_spent"]["extract"], rel=0.08)
 
 
@@ -138,4 +140,5 @@ def test_every_family_quickstart_trains_its_preset_on_the_same_samples(family):
     base = compose_config(plan.overrides(qs.Path("/tmp/qs"), [], qs.PRESETS["eagle3"]))
     assert families.get(cfg.head.family).name == {"mlp": "mlp_speculator"}.get(family, family)
     assert cfg.data == base.data and cfg.optim.max_minutes == plan.train_minutes
+    assert cfg.data.heldout == plan.heldout == qs.HELDOUT  # the plan's held-out set, not the preset's 128
     assert cfg.target.aux_layer_ids == base.target.aux_layer_ids

@@ -187,17 +187,17 @@ def make_plan(
     fixed = DATA_S + rates.extract_fixed_s(heldout) + TRAIN_OVERHEAD_S + EXPORT_S + serve
     left = budget_min * 60 * (1 - MARGIN) - spent_s - fixed  # seconds for extraction + training
     per_token = 1 / rates.extract_tok_s + PASSES / rates.train_tok_s
-    held_tokens = heldout * HELDOUT_SAMPLE_TOKENS  # extracted, never trained on
-    turns = int((max(0.0, left) + PASSES * held_tokens / rates.train_tok_s) / per_token / TOKENS_PER_TURN)
+    held_train_s = PASSES * heldout * HELDOUT_SAMPLE_TOKENS / rates.train_tok_s  # extracted, never trained on
+    turns = int((max(0.0, left) + held_train_s) / per_token / TOKENS_PER_TURN)
     turns = min(POOL_TURNS, turns)
     extract = rates.extract_s(turns * TOKENS_PER_TURN, heldout)
-    train_min = (left - (extract - rates.extract_fixed_s(heldout))) / 60  # `left` has its fixed part off already
+    train_min = (left - turns * TOKENS_PER_TURN / rates.extract_tok_s) / 60  # `left` has extraction's fixed part off
     if turns < MIN_TURNS or train_min < MIN_TRAIN_MINUTES:
         need = (
             spent_s
             + fixed
             + max(
-                MIN_TURNS * TOKENS_PER_TURN * per_token - PASSES * held_tokens / rates.train_tok_s,
+                MIN_TURNS * TOKENS_PER_TURN * per_token - held_train_s,
                 MIN_TURNS * TOKENS_PER_TURN / rates.extract_tok_s + MIN_TRAIN_MINUTES * 60,
             )
         )

@@ -62,6 +62,7 @@ def test_full_is_the_preset_as_measured():
 
     cfg = compose_config(plan.overrides(qs.Path("/tmp/qs"), []))
     assert len(cfg.data.also) == 3 and cfg.optim.max_minutes == 60 and cfg.optim.epochs is None
+    assert cfg.data.heldout == qs.PRESET_HELDOUT == plan.heldout  # the planner's copy of the preset's held-out count
 
 
 RECORDS = Path(__file__).resolve().parents[1] / "bench" / "results"

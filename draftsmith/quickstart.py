@@ -64,7 +64,14 @@ HELDOUT_SAMPLE_TOKENS = 292  # rendered tokens per held-out sample (37.4-38.1k f
 # still cover the 16-32 served prompts and bench/quickstart_reserve.sh's 64
 HELDOUT = 64
 PRESET_HELDOUT = 128
-SERVE_PER_FORWARD = 0.1  # served tok/s at batch 8, 128 tokens a prompt, over the probe's: 70-96 against 836 there
+# served tok/s of the training-free methods at batch 8, 128 tokens a prompt, before anything is measured: on the nine
+# committed quickstart runs (probes of 253-942 tok/s, AVX2-emulated and throttled ones among them) none, ngram and
+# suffix served 56-104 tok/s (median 84) whatever the probe: one engine thread at batch 8 is not bound by the GEMMs'
+# speed, where the plan's earlier 0.1 x the probe had counted 787 s of serving for 315 spent at the slow end. The
+# baselines are served before training and the training minutes re-planned from what they took (replan_training),
+# so a machine that serves slower or faster than this moves the clock, not the budget
+SERVE_TOK_S = 80.0
+HEAD_SERVE_SPEED = 0.7  # a head's served tok/s over no speculation's at batch 8: 0.63-0.86 on those runs (median 0.73)
 SERVE_METHODS = ("none", "ngram", "suffix")
 
 
@@ -93,10 +100,6 @@ class Rates:
         """Seconds to extract the features of `tokens` rendered tokens, `heldout` held-out samples among them."""
         return self.extract_fixed_s(heldout) + tokens / self.extract_tok_s
 
-    @property
-    def serve_tok_s(self) -> float:
-        return self.forward_tok_s * SERVE_PER_FORWARD
-
 
 @dataclass
 class Plan:
@@ -108,10 +111,18 @@ class Plan:
     workloads: list[str]
     stages: dict[str, float] = field(default_factory=dict)  # planned seconds
     heldout: int = PRESET_HELDOUT  # held-out conversations (plans saved before it was planned kept the preset's)
+    # once the baselines are served (before training): {"train_minutes", "serve" (the head's seconds, estimated from
+    # the baselines'), "serve_tok_s" (no speculation's, measured)}; kept in plan.json so a re-run trains on one clock
+    replanned: dict | None = None
+
+    @property
+    def clock_minutes(self) -> float:
+        """The training stage's optim.max_minutes: the re-planned minutes once the baselines have been served."""
+        return self.replanned["train_minutes"] if self.replanned else self.train_minutes
 
     def overrides(self, out: Path, extra: list[str], preset: str = PRESET) -> list[str]:
         return training_overrides(
-            str(out), self.train_minutes, self.conversations, None if self.code_sets else [], extra, preset,
+            str(out), self.clock_minutes, self.conversations, None if self.code_sets else [], extra, preset,
             self.heldout,
         )  # fmt: skip
 
@@ -152,9 +163,11 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def serve_seconds(rates: Rates, workloads: list[str], num_prompts: int, max_tokens: int) -> float:
-    methods = len(SERVE_METHODS) + 1
-    return len(workloads) * methods * (ENGINE_START_S + num_prompts * max_tokens / rates.serve_tok_s)
+def serve_seconds(workloads: list[str], num_prompts: int, max_tokens: int) -> tuple[float, float]:
+    """Planned seconds to serve the training-free methods, and then the head, on every workload."""
+    generate = num_prompts * max_tokens / SERVE_TOK_S
+    baselines = len(workloads) * len(SERVE_METHODS) * (ENGINE_START_S + generate)
+    return baselines, len(workloads) * (ENGINE_START_S + generate / HEAD_SERVE_SPEED)
 
 
 def make_plan(
@@ -169,22 +182,24 @@ def make_plan(
     out HELDOUT conversations (at least the served prompts); --full the preset's."""
     workloads = ["chat", "mtbench"] + (["code"] if full else [])
     if not full:  # a slow machine serves fewer prompts rather than train less: serving gets at most SERVE_SHARE
-        starts = serve_seconds(rates, workloads, 0, max_tokens)  # engine starts alone
-        fits = int((budget_min * 60 * SERVE_SHARE - starts) / (serve_seconds(rates, workloads, 1, max_tokens) - starts))
+        starts = sum(serve_seconds(workloads, 0, max_tokens))  # engine starts alone
+        per_prompt = sum(serve_seconds(workloads, 1, max_tokens)) - starts
+        fits = int((budget_min * 60 * SERVE_SHARE - starts) / per_prompt)
         num_prompts = max(min(num_prompts, MIN_PROMPTS), min(num_prompts, fits))
-    serve = serve_seconds(rates, workloads, num_prompts, max_tokens)
+    baselines, serve = serve_seconds(workloads, num_prompts, max_tokens)
     if full:  # the preset as measured: its data (all sets) and its 60 minutes, whatever they take here
         tokens = 2_150_000
         stages = {
             "data": DATA_S + 300,  # + reading site-packages for the code prompts (~4 min on 2 cores)
             "extract": rates.extract_s(tokens, PRESET_HELDOUT),
+            "baselines": baselines,
             "train": 3600 + TRAIN_OVERHEAD_S,
             "export": EXPORT_S,
             "serve": serve,
         }
         return Plan(None, POOL_TURNS, True, 60.0, num_prompts, workloads, stages)
     heldout = max(HELDOUT, num_prompts)
-    fixed = DATA_S + rates.extract_fixed_s(heldout) + TRAIN_OVERHEAD_S + EXPORT_S + serve
+    fixed = DATA_S + rates.extract_fixed_s(heldout) + baselines + TRAIN_OVERHEAD_S + EXPORT_S + serve
     left = budget_min * 60 * (1 - MARGIN) - spent_s - fixed  # seconds for extraction + training
     per_token = 1 / rates.extract_tok_s + PASSES / rates.train_tok_s
     held_train_s = PASSES * heldout * HELDOUT_SAMPLE_TOKENS / rates.train_tok_s  # extracted, never trained on
@@ -211,11 +226,32 @@ def make_plan(
     stages = {
         "data": DATA_S,
         "extract": extract,
+        "baselines": baselines,
         "train": train_min * 60 + TRAIN_OVERHEAD_S,
         "export": EXPORT_S,
         "serve": serve,
     }
     return Plan(budget_min, turns, False, train_min, num_prompts, workloads, stages, heldout)
+
+
+def replan_training(plan: Plan, results: dict[str, dict], baselines_s: float, elapsed_s: float) -> dict:
+    """Once the baselines are served (`results`: run_acceptance's per workload, `baselines_s` the stage's wall time,
+    `elapsed_s` the run's so far): the training minutes that fill what is left of the budget, with the head's serving
+    estimated from this machine's own: per workload an engine's start as the baselines' took (process time less
+    generation), no speculation's generation over HEAD_SERVE_SPEED, and the stage's own overhead again. --full keeps
+    the preset's 60 minutes; a baseline that failed keeps the plan's minutes."""
+    rows = {(w, m): r["methods"].get(m, {}) for w, r in results.items() for m in SERVE_METHODS}
+    if plan.budget_min is None or any(r.get("status") != "ok" for r in rows.values()):
+        return {"train_minutes": plan.train_minutes, "serve": plan.stages["serve"], "serve_tok_s": None}
+    head = baselines_s - sum(r["process_s"] for r in rows.values())  # tokenizer, prompts, reports: once more
+    for w in results:
+        starts = [rows[w, m]["process_s"] - rows[w, m]["generation_s"] for m in SERVE_METHODS]
+        head += sum(starts) / len(starts) + rows[w, "none"]["generation_s"] / HEAD_SERVE_SPEED
+    left = plan.budget_min * 60 * (1 - MARGIN) - elapsed_s - TRAIN_OVERHEAD_S - EXPORT_S - head
+    minutes = max(MIN_TRAIN_MINUTES, math.floor(left / 60 * 10) / 10)  # past the budget rather than no head
+    none = [rows[w, "none"] for w in results]
+    tok_s = sum(r["generated_tokens"] for r in none) / sum(r["generation_s"] for r in none)
+    return {"train_minutes": minutes, "serve": round(head, 1), "serve_tok_s": round(tok_s, 1)}
 
 
 def probe(target_dir: str, preset: str = PRESET) -> Rates:
@@ -314,11 +350,15 @@ def load_or_plan(out: Path, key: dict, make) -> Plan:
             print(f"plan: reusing {path} (the same command ran before; training resumes from its checkpoint)")
             return Plan(**saved["plan"])
     plan = make()
+    save_plan(out, key, plan)
+    return plan
+
+
+def save_plan(out: Path, key: dict, plan: Plan) -> None:
     from draftsmith.atomic import atomic_write_json
 
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"key": key, "plan": asdict(plan)})
-    return plan
+    atomic_write_json(out / "plan.json", {"key": key, "plan": asdict(plan)})
 
 
 def served_rows(results: dict[str, dict]) -> list[dict]:
@@ -408,10 +448,10 @@ def main(argv: list[str]) -> int:
 
     from draftsmith.assets import prepare_smollm2
 
-    target = str(stages.run("prepare", "1/6 prepare target", prepare_smollm2))
+    target = str(stages.run("prepare", "1/7 prepare target", prepare_smollm2))
     print(f"target: {target}")
     preset = PRESETS[args.family]
-    rates = stages.run("probe", "2/6 probe this machine", lambda: probe(target, preset))
+    rates = stages.run("probe", "2/7 probe this machine", lambda: probe(target, preset))
     key = {k: getattr(args, k) for k in ("budget", "full", "num_prompts", "max_tokens", "overrides")}
     if args.family != "eagle3":  # (plans written before --family existed stay valid for eagle3)
         key["family"] = args.family
@@ -433,13 +473,69 @@ def main(argv: list[str]) -> int:
 
     overrides = plan.overrides(out, args.overrides, preset)
     validate_config(compose_config(overrides))  # a bad override fails here, before anything is prepared
-    cmd = [sys.executable, "-m", "draftsmith.train.run", *overrides]
-    print("\n" + " ".join(cmd[1:]), flush=True)
-    # data, extraction and training are one child (train/run.py prepares its data and features before the clock);
-    # it records how long the first two took, so the summary can split them
+    # data and extraction are one child (train/run.py prepare_only=true: the run's data, its features cached, its
+    # held-out prompts), training another (the same overrides, the re-planned clock); each records how long its data
+    # and features took, so the summary can split them
+    prepare = [sys.executable, "-m", "draftsmith.train.run", *overrides, "prepare_only=true"]
+    print("\n" + " ".join(prepare[1:]), flush=True)
     (out / "prepare_seconds.json").unlink(missing_ok=True)
-    code = stages.run("data+extract+train", "3/6 data, features, training (train/run.py)", lambda: run_child(cmd))
-    split_child_stages(stages, out / "prepare_seconds.json")
+    code = stages.run(
+        "data+extract", "3/7 data and features (train/run.py prepare_only=true)", lambda: run_child(prepare)
+    )
+    split_child_stages(stages, "data+extract", out / "prepare_seconds.json")
+    if code:  # the child printed its own one-paragraph error (or the Ctrl-C note) above
+        print(f"draftsmith quickstart: data and features stopped (exit status {code}); re-run the same command "
+              "to continue (finished shards are kept)", file=sys.stderr)  # fmt: skip
+        return code
+
+    def serve(heads: dict[str, str]) -> dict:
+        from draftsmith.eval.acceptance import format_table, run_acceptance
+        from draftsmith.eval.prompts import humaneval_prompts, mtbench_file
+
+        files = {"chat": out / "heldout_prompts.jsonl", "mtbench": mtbench_file()}
+        if "code" in plan.workloads:  # HumanEval as a prompts file, once
+            files["code"] = out / "humaneval_prompts.jsonl"
+            files["code"].write_text("".join(json.dumps(r) + "\n" for r in humaneval_prompts()))
+        results = {}
+        for w in plan.workloads:
+            print(f"\n--- {w} ---", flush=True)
+            results[w] = run_acceptance(
+                target,
+                str(files[w]),
+                list(SERVE_METHODS),
+                heads,
+                k=args.k,
+                max_tokens=args.max_tokens,
+                num_prompts=plan.num_prompts,
+                out_dir=str(out / "acceptance" / w),
+                batch_size=8,
+                reuse_baselines=True,  # the head's run takes the baselines served before training
+            )
+            print(format_table(results[w]), flush=True)
+        return results
+
+    # the training-free methods first: they need no head, and what they take here sets the training clock
+    baselines = stages.run(
+        "baselines", "4/7 ngram, suffix and no speculation in vLLM (before training)", lambda: serve({})
+    )
+    if plan.replanned is None:
+        plan.replanned = replan_training(plan, baselines, stages.spent["baselines"], time.time() - total)
+        save_plan(out, key, plan)
+        if plan.budget_min is not None:
+            r = plan.replanned
+            measured = f"served {r['serve_tok_s']:.0f} tok/s (planned {SERVE_TOK_S:g}); " if r["serve_tok_s"] else ""
+            eta = time.time() - total + r["train_minutes"] * 60 + TRAIN_OVERHEAD_S + EXPORT_S + r["serve"]
+            print(
+                f"re-plan: {measured}the head's serving estimated at {fmt_min(r['serve'])} (planned "
+                f"{fmt_min(plan.stages['serve'])}): {r['train_minutes']:g} training minutes (planned "
+                f"{plan.train_minutes:g}), ETA +{fmt_min(eta)}",
+                flush=True,
+            )
+    cmd = [sys.executable, "-m", "draftsmith.train.run", *plan.overrides(out, args.overrides, preset)]
+    print("\n" + " ".join(cmd[1:]), flush=True)
+    (out / "prepare_seconds.json").unlink(missing_ok=True)
+    code = stages.run("train", "5/7 training (train/run.py)", lambda: run_child(cmd))
+    split_child_stages(stages, "train", out / "prepare_seconds.json")  # reading the data and checking the features
     if code:  # training printed its own one-paragraph error (or the Ctrl-C note) above
         print(
             f"draftsmith quickstart: training stopped (exit status {code}); re-run the same command to continue "
@@ -455,38 +551,14 @@ def main(argv: list[str]) -> int:
 
         return cli(["export", "--format", "vllm", str(out), str(exported)])
 
-    if stages.run("export", "4/6 export for vLLM", export) != 0:
+    if stages.run("export", "6/7 export for vLLM", export) != 0:
         return 1
-
-    def serve() -> dict:
-        from draftsmith.eval.acceptance import format_table, run_acceptance
-        from draftsmith.eval.prompts import humaneval_prompts, mtbench_file
-
-        files = {"chat": out / "heldout_prompts.jsonl", "mtbench": mtbench_file()}
-        if "code" in plan.workloads:  # HumanEval as a prompts file, once
-            files["code"] = out / "humaneval_prompts.jsonl"
-            files["code"].write_text("".join(json.dumps(r) + "\n" for r in humaneval_prompts()))
-        results = {}
-        for w in plan.workloads:
-            print(f"\n--- {w} ---", flush=True)
-            results[w] = run_acceptance(
-                target,
-                str(files[w]),
-                list(SERVE_METHODS),
-                {args.family: str(exported)},
-                k=args.k,
-                max_tokens=args.max_tokens,
-                num_prompts=plan.num_prompts,
-                out_dir=str(out / "acceptance" / w),
-                batch_size=8,
-            )
-            print(format_table(results[w]), flush=True)
-        return results
-
-    results = stages.run("serve", "5/6 served acceptance in vLLM", serve)
+    results = stages.run(
+        "serve", "7/7 the head in vLLM (the baselines' results reused)", lambda: serve({args.family: str(exported)})
+    )
     spent_total = round(time.time() - total, 1)
     summary = write_summary(out, plan, rates, stages.spent, spent_total, results, args.family)
-    print("\n=== 6/6 summary ===")
+    print("\n=== summary ===")
     print(summary["headline"])
     tr = summary["train"]
     print(
@@ -500,15 +572,27 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def split_child_stages(stages: Stages, marks: Path) -> None:
-    """Split the training child's wall time into data / extract / train from the marks train/run.py wrote."""
-    child = stages.spent.pop("data+extract+train")
+def split_child_stages(stages: Stages, child: str, marks: Path) -> None:
+    """Split a train/run.py child's wall time from the marks it wrote: "data+extract" (prepare_only) into data and
+    extract (its start-up counted with extraction), "train" into training and its own reading of the data and check
+    of the features (added to data and extract)."""
+    wall = stages.spent.pop(child)
     m = json.loads(marks.read_text()) if marks.is_file() else {}
-    data = m.get("data_s", 0.0)
-    extract = m.get("features_s", 0.0)
-    stages.spent.update(
-        {"data": round(data, 1), "extract": round(extract, 1), "train": round(child - data - extract, 1)}
-    )
+    data, extract = m.get("data_s", 0.0), m.get("features_s", 0.0)
+    if child == "data+extract":
+        stages.spent.update({"data": round(data, 1), "extract": round(wall - data, 1)})
+        return
+    for name, seconds in (("data", data), ("extract", extract)):
+        stages.spent[name] = round(stages.spent.get(name, 0.0) + seconds, 1)
+    stages.spent["train"] = round(wall - data - extract, 1)
+
+
+def stage_replans(plan: Plan) -> dict[str, float]:
+    """The stages the re-plan after the baselines changed, in seconds (train: its clock plus the child's overhead)."""
+    r = plan.replanned
+    if not r or plan.budget_min is None:
+        return {}
+    return {"train": r["train_minutes"] * 60 + TRAIN_OVERHEAD_S, "serve": r["serve"]}
 
 
 def write_summary(
@@ -520,9 +604,12 @@ def write_summary(
     last = [r for r in log if "tok_per_s" in r][-1]
     last_eval = [r for r in log if "eval/acc" in r][-1]
     rows = served_rows(results)
-    order = ["prepare", "probe", "data", "extract", "train", "export", "serve"]
+    order = ["prepare", "probe", "data", "extract", "baselines", "train", "export", "serve"]
+    replanned = stage_replans(plan)
     line = [
-        f"{s} {fmt_min(plan.stages[s]) if s in plan.stages else '-'} / {fmt_min(spent.get(s, 0))}"
+        f"{s} {fmt_min(plan.stages[s]) if s in plan.stages else '-'}"
+        + (f" (re-planned {fmt_min(replanned[s])})" if s in replanned else "")
+        + f" / {fmt_min(spent.get(s, 0))}"
         for s in order
         if s in spent or s in plan.stages
     ]
@@ -532,6 +619,7 @@ def write_summary(
         "probe": {"forward_tok_s": round(rates.forward_tok_s), "train_tok_s": round(rates.train_tok_s)},
         "plan": asdict(plan),
         "stage_seconds_planned": {k: round(v, 1) for k, v in plan.stages.items()},
+        "stage_seconds_replanned": {k: round(v, 1) for k, v in replanned.items()},
         "stage_seconds_spent": spent,
         "total_seconds": total_s,
         "train": {

@@ -186,6 +186,9 @@ class Config:
     fast_bf16: Optional[bool] = None
     dry_run: bool = False  # print per-rank memory (train/memory.py) from shapes alone, then stop
     dry_run_processes: int = 8  # the process count the dry run shards over
+    # prepare the data and the features (offline: extracted into the cache), write the run's held-out prompts, then
+    # stop before training; the same command with resume=auto trains (the quickstart serves the baselines between)
+    prepare_only: bool = False
     wandb: dict[str, Any] = field(default_factory=lambda: {"mode": "offline", "project": "draftsmith"})
 
 

@@ -133,6 +133,9 @@ def run(cfg: DictConfig) -> dict:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
     accelerator.wait_for_everyone()  # no rank writes into the run dir before the main process has cleared it
+    if cfg.prepare_only:
+        log(f"prepare_only: data and features ready, held-out prompts in {run_dir}; resume=auto trains")
+        return {}
     head = build_head(cfg.head, target, vocab)
     if cfg.head.get("init_from"):
         fresh = init_dir(cfg.head) is None

@@ -8,12 +8,14 @@
 
 Stages: prepare the target (SmolLM2-135M-Instruct GGUF -> HF dir, once) -> probe this machine (target forward,
 head training step: seconds) -> plan -> the target's own answers to ShareGPT first turns (shipped with the package
-for this target; regenerated where anything differs) and their features (extracted once, cached) -> train the head
-(train/run.py conf=eagle3_smollm2, the planned minutes on the clock) -> export for vLLM -> served acceptance in real
-vLLM on held-out chat prompts and MT-Bench (and HumanEval with --full): the head against ngram, suffix and no
-speculation. The plan with an ETA per stage prints before anything runs; the last lines compare planned and spent
-time per stage. Everything lands in <out>/quickstart.json. Re-running the same command continues from the last
-checkpoint (the plan in <out>/plan.json is reused).
+for this target; regenerated where anything differs) and their features (extracted once, cached) -> ngram, suffix
+and no speculation served in real vLLM on held-out chat prompts and MT-Bench (and HumanEval with --full), before
+training: what they take here re-plans the training minutes to fill the rest of the budget -> train the head
+(train/run.py conf=eagle3_smollm2, the re-planned minutes on the clock) -> export for vLLM -> the head served on the
+same prompts, beside the baselines' results. The plan with an ETA per stage prints before anything runs; the last
+lines compare planned (and re-planned) with spent time per stage. Everything lands in <out>/quickstart.json.
+Re-running the same command continues from the last checkpoint (the plan in <out>/plan.json is reused, its re-planned
+clock with it, and the baselines already served are not served again).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ MIN_TURNS = 600  # fewer answers than this trained no head worth serving in the 
 MIN_TRAIN_MINUTES = 5.0
 SERVE_SHARE = 0.2  # of the budget, at most, for serving: fewer prompts (not below MIN_PROMPTS) on a slow machine
 MIN_PROMPTS = 16
+# requests served at once: a budgeted plan serves a multiple of it, because a last, partial batch generates at a
+# fraction of a full one's tok/s (26 prompts at 8 a batch served 60 tok/s where 16 had served 80-88, same stand-in)
+SERVE_BATCH = 8
 MARGIN = 0.05  # share of the budget held back for what the probe cannot see (a busy neighbour, disk)
 # what the probe does not time, measured on the first budgeted run (2-core EPYC,
 # bench/results/2026-11-28/quickstart_avx512_first/): seconds
@@ -71,7 +76,10 @@ PRESET_HELDOUT = 128
 # baselines are served before training and the training minutes re-planned from what they took (replan_training),
 # so a machine that serves slower or faster than this moves the clock, not the budget
 SERVE_TOK_S = 80.0
-HEAD_SERVE_SPEED = 0.7  # a head's served tok/s over no speculation's at batch 8: 0.63-0.86 on those runs (median 0.73)
+# a head's served tok/s over no speculation's at batch 8: 0.63-0.86 on those runs (median 0.73), 0.59-0.62 in fp32 at
+# the slow end (bench/results/2026-12-01/quickstart_avx2_slow_replan: 3.9 min spent where 0.7 had estimated 3.1); the
+# low end, since it is the last stage and nothing after it can give the time back
+HEAD_SERVE_SPEED = 0.6
 SERVE_METHODS = ("none", "ngram", "suffix")
 
 
@@ -185,6 +193,7 @@ def make_plan(
         starts = sum(serve_seconds(workloads, 0, max_tokens))  # engine starts alone
         per_prompt = sum(serve_seconds(workloads, 1, max_tokens)) - starts
         fits = int((budget_min * 60 * SERVE_SHARE - starts) / per_prompt)
+        fits -= fits % SERVE_BATCH
         num_prompts = max(min(num_prompts, MIN_PROMPTS), min(num_prompts, fits))
     baselines, serve = serve_seconds(workloads, num_prompts, max_tokens)
     if full:  # the preset as measured: its data (all sets) and its 60 minutes, whatever they take here
@@ -307,7 +316,7 @@ def print_plan(plan: Plan, rates: Rates, spent: dict[str, float]) -> None:
     clock = sum(spent.values())
     for name, seconds in plan.stages.items():
         clock += seconds
-        print(f"  {name:<8} {fmt_min(seconds):>10}   ETA +{fmt_min(clock)}", flush=True)
+        print(f"  {name:<9} {fmt_min(seconds):>9}   ETA +{fmt_min(clock)}", flush=True)
 
 
 @dataclass
@@ -508,7 +517,7 @@ def main(argv: list[str]) -> int:
                 max_tokens=args.max_tokens,
                 num_prompts=plan.num_prompts,
                 out_dir=str(out / "acceptance" / w),
-                batch_size=8,
+                batch_size=SERVE_BATCH,
                 reuse_baselines=True,  # the head's run takes the baselines served before training
             )
             print(format_table(results[w]), flush=True)

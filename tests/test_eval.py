@@ -370,6 +370,22 @@ def test_served_acceptance_tiny_target(tiny_target_dir, tmp_path):
     md = (out / "acceptance.md").read_text()
     assert "| ngram |" in md and "| broken | failed" in md
 
+    # reuse_baselines (the quickstart: baselines before training, the head after): the identical jobs are taken from
+    # runs/, not served again; a changed job is served anew
+    again = run_acceptance(
+        str(tiny_target_dir), str(prompts), ["none", "ngram", "suffix"], {}, k=k, max_tokens=32, num_prompts=None,
+        out_dir=str(out), reuse_baselines=True,
+    )  # fmt: skip
+    for name in ("none", "ngram", "suffix"):
+        a, b = again["methods"][name], m[name]
+        assert (a["counters"], a["generation_s"], a["process_s"]) == (b["counters"], b["generation_s"], b["process_s"])
+        assert a["match_vs_none"] == b["match_vs_none"]
+    shorter = run_acceptance(
+        str(tiny_target_dir), str(prompts), ["none"], {}, k=k, max_tokens=8, num_prompts=None, out_dir=str(out),
+        reuse_baselines=True,
+    )  # fmt: skip
+    assert shorter["methods"]["none"]["generated_tokens"] <= 4 * 8 < m["none"]["generated_tokens"]
+
 
 @pytest.mark.slow
 def test_ngram_greedy_equals_no_speculation_on_smollm2(smollm2_dir, tmp_path):

@@ -24,7 +24,7 @@ def test_the_plan_fits_the_budget(rates, budget):
     assert qs.MIN_TURNS <= plan.conversations <= qs.POOL_TURNS
     assert plan.train_minutes >= qs.MIN_TRAIN_MINUTES
     assert plan.workloads == ["chat", "mtbench"] and not plan.code_sets
-    assert qs.MIN_PROMPTS <= plan.num_prompts <= 32
+    assert qs.MIN_PROMPTS <= plan.num_prompts <= 32 and plan.num_prompts % qs.SERVE_BATCH == 0  # full batches only
     assert plan.stages["serve"] <= budget * 60 * qs.SERVE_SHARE or plan.num_prompts == qs.MIN_PROMPTS
     trained = plan.train_minutes * 60 * rates.train_tok_s
     assert plan.heldout == max(qs.HELDOUT, plan.num_prompts)  # the served chat prompts come from the held-out set
@@ -143,3 +143,54 @@ def test_every_family_quickstart_trains_its_preset_on_the_same_samples(family):
     assert cfg.data == base.data and cfg.optim.max_minutes == plan.train_minutes
     assert cfg.data.heldout == plan.heldout == qs.HELDOUT  # the plan's held-out set, not the preset's 128
     assert cfg.target.aux_layer_ids == base.target.aux_layer_ids
+
+
+def baselines_result(tok_s: float, process_s: float, prompts: int = 26, status: str = "ok") -> dict:
+    """run_acceptance's result for the training-free methods on one workload, served at `tok_s` each."""
+    gen = prompts * 128
+    row = {"status": status, "generated_tokens": gen, "generation_s": gen / tok_s, "process_s": process_s}
+    return {"methods": {m: dict(row) for m in qs.SERVE_METHODS}}
+
+
+@pytest.mark.parametrize("tok_s", [40.0, 80.0, 160.0], ids=["serves_slower", "as_planned", "serves_faster"])
+def test_the_replan_fills_the_budget_from_the_measured_serving(tok_s):
+    """After the baselines: the head's serving is estimated from theirs, and the training clock takes the rest of the
+    budget, so a machine that serves slower than planned trains less instead of running over."""
+    plan = qs.make_plan(45, SLOW, 40.0, 32, 128)
+    gen = plan.num_prompts * 128 / tok_s
+    start, outside = qs.ENGINE_START_S, 10.0  # an engine's start; the stage's seconds outside the engines' processes
+    results = {w: baselines_result(tok_s, gen + start, plan.num_prompts) for w in plan.workloads}
+    wall = 3 * len(plan.workloads) * (gen + start) + outside
+    elapsed = 40.0 + plan.stages["data"] + plan.stages["extract"] + wall
+    r = qs.replan_training(plan, results, wall, elapsed)
+    head = outside + len(plan.workloads) * (start + gen / qs.HEAD_SERVE_SPEED)
+    assert r["serve"] == pytest.approx(head, abs=0.1) and r["serve_tok_s"] == pytest.approx(tok_s)
+    end = elapsed + r["train_minutes"] * 60 + qs.TRAIN_OVERHEAD_S + qs.EXPORT_S + r["serve"]
+    assert 45 * 60 * (1 - qs.MARGIN) - 6 <= end <= 45 * 60 * (1 - qs.MARGIN)  # to the tenth of a minute
+    if tok_s == qs.SERVE_TOK_S:  # served as planned: the plan's minutes, less the 2 x 10 s it did not foresee
+        assert plan.train_minutes - 0.5 <= r["train_minutes"] <= plan.train_minutes
+    else:
+        assert (r["train_minutes"] > plan.train_minutes) == (tok_s > qs.SERVE_TOK_S)
+    plan.replanned = r
+    assert f"optim.max_minutes={r['train_minutes']:g}" in plan.overrides(Path("/tmp/qs"), [])
+
+
+def test_the_replan_keeps_the_plan_when_a_baseline_failed_or_full():
+    plan = qs.make_plan(45, SLOW, 40.0, 32, 128)
+    failed = {"chat": baselines_result(80, 60), "mtbench": baselines_result(80, 60, status="failed")}
+    assert qs.replan_training(plan, failed, 400, 1200)["train_minutes"] == plan.train_minutes
+    full = qs.make_plan(45, SLOW, 40.0, 32, 128, full=True)
+    ok = {w: baselines_result(80, 60) for w in full.workloads}
+    assert qs.replan_training(full, ok, 400, 1200)["train_minutes"] == 60.0
+    tight = qs.replan_training(plan, {w: baselines_result(5, 900) for w in plan.workloads}, 5400, 2000)
+    assert tight["train_minutes"] == qs.MIN_TRAIN_MINUTES  # past the budget rather than no head at all
+
+
+def test_a_rerun_keeps_the_replanned_clock(tmp_path):
+    key = {"budget": 45.0}
+    plan = qs.load_or_plan(tmp_path, key, lambda: qs.make_plan(45, SLOW, 40.0, 32, 128))
+    plan.replanned = {"train_minutes": 23.4, "serve": 150.0, "serve_tok_s": 85.0}
+    qs.save_plan(tmp_path, key, plan)
+    again = qs.load_or_plan(tmp_path, key, lambda: pytest.fail("re-planned"))
+    assert again.replanned == plan.replanned and again.clock_minutes == 23.4
+    assert qs.stage_replans(again) == {"train": 23.4 * 60 + qs.TRAIN_OVERHEAD_S, "serve": 150.0}

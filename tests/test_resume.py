@@ -284,3 +284,25 @@ def test_eval_and_export_refuse_a_head_from_another_target(two_steps, tiny_model
         == 1
     )
     assert "vocab" in capsys.readouterr().err
+
+
+def test_prepare_only_stops_before_training_and_resume_auto_trains(tiny_target_dir, data_file, tmp_path):
+    """The quickstart's first child (prepare_only=true): the data and the offline features are made and the held-out
+    prompts written, no step is trained; the same command with resume=auto then trains from step 0 on those features
+    (not extracted again)."""
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    env = {**ENV, "DRAFTSMITH_CACHE": str(cache)}
+    base = args(tiny_target_dir, data_file, run, "data.features=offline", "resume=auto")
+    p = subprocess.run([*base, "prepare_only=true"], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "prepare_only: data and features ready" in p.stdout + p.stderr
+    assert not checkpoints(run) and not (run / "metrics.jsonl").exists()
+    held = [json.loads(x) for x in (run / "heldout_prompts.jsonl").read_text().splitlines()]
+    assert len(held) == 4 and all(h["messages"] for h in held)
+    shards = sorted(cache.rglob("*.safetensors"))
+    assert shards and json.loads((run / "prepare_seconds.json").read_text())["features_s"] > 0
+    stamps = {s: s.stat().st_mtime_ns for s in shards}
+    p = subprocess.run(base, capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert sorted(losses(run)) == list(range(1, STEPS + 1))
+    assert {s: s.stat().st_mtime_ns for s in sorted(cache.rglob("*.safetensors"))} == stamps  # not extracted again

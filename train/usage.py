@@ -36,6 +36,7 @@ COMMON = [
     "optim.epochs",
     "mixed_precision",
     "dry_run",
+    "prepare_only",
 ]
 
 

@@ -334,15 +334,15 @@ def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float
     return result
 
 
-def _reused(name: str, job: dict, runs_dir: Path) -> dict | None:
+def _reused(name: str, job: dict, runs_dir: Path, versions: dict) -> dict | None:
     """A training-free method's earlier result in runs_dir when its job equals `job` exactly and it was served under
-    the versions installed now; None otherwise (anything missing or unreadable: that method is served again)."""
+    `versions` (engine_versions() now); None otherwise (anything missing or unreadable: that method is served again)."""
     paths = {s: runs_dir / f"{name}.{s}" for s in ("job.json", "result.json", "log", "served.json")}
     try:
         if json.loads(paths["job.json"].read_text()) != json.loads(json.dumps(job)):
             return None
         served = json.loads(paths["served.json"].read_text())
-        if served.get("versions") != engine_versions():
+        if served.get("versions") != versions:
             return None
         result = json.loads(paths["result.json"].read_text())
     except (OSError, ValueError):
@@ -516,6 +516,7 @@ def run_acceptance(
         f"max_tokens={max_tokens}, methods: {', '.join(names)}"
     )
     children: dict[str, dict] = {}
+    versions = engine_versions()  # what a reused result must have been served under, and the report's
     cells: dict[str, dict[int, list[dict]]] = {n: {} for n in names}  # a sweep: method -> batch size -> rounds
     per_method = len(prompts) * len(sizes or [1])
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -540,7 +541,8 @@ def run_acceptance(
                 job["hybrid_stats"] = str(_hybrid_stats_path(runs_dir, name))
             t0 = time.perf_counter()
             if not sizes:
-                reused = _reused(name, job, runs_dir) if settings["reuse_baselines"] and name in BASELINES else None
+                reuse = settings["reuse_baselines"] and name in BASELINES
+                reused = _reused(name, job, runs_dir, versions) if reuse else None
                 if reused is not None:
                     console.print(
                         f"  [bold]{name}[/]: the same job served before, result reused ({reused['result_file']})"
@@ -550,7 +552,7 @@ def run_acceptance(
                 children[name] = _run_child(name, job, runs_dir, env, settings["timeout_s"], progress, task)
                 children[name]["process_s"] = time.perf_counter() - t0
                 if "error" not in children[name]:  # beside the outputs, for a later reuse
-                    served = {"process_s": children[name]["process_s"], "versions": engine_versions()}
+                    served = {"process_s": children[name]["process_s"], "versions": versions}
                     (runs_dir / f"{name}.served.json").write_text(json.dumps(served) + "\n")
                 continue
             if "error" in children.get(name, {}):
@@ -613,7 +615,7 @@ def run_acceptance(
             "timeout_s": settings["timeout_s"],
             "cpu_count": os.cpu_count(),
         },
-        "versions": {**engine_versions(), **(first_ok["versions"] if first_ok else {})},
+        "versions": {**versions, **(first_ok["versions"] if first_ok else {})},
         "methods": rows,
         **({"sweep": sweep} if sweep else {}),
     }

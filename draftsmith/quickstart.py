@@ -5,6 +5,7 @@
     draftsmith quickstart --full           # the preset as measured: 4,000 turns + code sets, 60 training minutes
     draftsmith quickstart --family peagle  # a parallel-drafting (P-EAGLE) head instead: same plan, data and clock
     draftsmith quickstart --family mlp     # an MLP speculator (IBM), served through draftsmith's vLLM plugin
+    draftsmith quickstart --hybrid         # also fit and serve the head's hybrid (head, suffix, ngram chosen per step)
 
 Stages: prepare the target (SmolLM2-135M-Instruct GGUF -> HF dir, once) -> probe this machine (target forward,
 head training step: seconds) -> plan -> the target's own answers to ShareGPT first turns (shipped with the package
@@ -12,10 +13,11 @@ for this target; regenerated where anything differs) and their features (extract
 and no speculation served in real vLLM on held-out chat prompts and MT-Bench (and HumanEval with --full), before
 training: what they take here re-plans the training minutes to fill the rest of the budget -> train the head
 (train/run.py conf=eagle3_smollm2, the re-planned minutes on the clock) -> export for vLLM -> the head served on the
-same prompts, beside the baselines' results. The plan with an ETA per stage prints before anything runs; the last
-lines compare planned (and re-planned) with spent time per stage. Everything lands in <out>/quickstart.json.
-Re-running the same command continues from the last checkpoint (the plan in <out>/plan.json is reused, its re-planned
-clock with it, and the baselines already served are not served again).
+same prompts, beside the baselines' results (with --hybrid, first the head's hybrid policy is fitted on first turns
+it never trained on, and hybrid(eagle3) is served beside it). The plan with an ETA per stage prints before anything
+runs; the last lines compare planned (and re-planned) with spent time per stage. Everything lands in
+<out>/quickstart.json. Re-running the same command continues from the last checkpoint (the plan in <out>/plan.json is
+reused, its re-planned clock with it, and the baselines already served are not served again).
 """
 
 from __future__ import annotations
@@ -81,6 +83,17 @@ SERVE_TOK_S = 80.0
 # low end, since it is the last stage and nothing after it can give the time back
 HEAD_SERVE_SPEED = 0.6
 SERVE_METHODS = ("none", "ngram", "suffix")
+# --hybrid: first turns the policy is fitted on (ShareGPT's, right after the ones trained on; the target answers them
+# in vLLM at the served length), and hybrid(head)'s served tok/s over no speculation's at batch 8 (0.87 against the
+# head's 0.65 on the 2-core EPYC: suffix's steps cost less than the head's chain, which the policy skips on some)
+HYBRID_FIT = 24
+HYBRID_SERVE_SPEED = 0.75
+# the fit's seconds before its answers (reading ShareGPT, loading target and head), and per answer position at the
+# probe's forward rate FIT_PROBE (the target's forward, the head's k-token chain, suffix and ngram at every position:
+# 0.026 s on that EPYC beside a pip install), scaled by FIT_PROBE / probe on other machines
+FIT_START_S = 30.0
+FIT_S_PER_POSITION = 0.025
+FIT_PROBE = 900.0
 
 
 @dataclass
@@ -122,6 +135,7 @@ class Plan:
     # once the baselines are served (before training): {"train_minutes", "serve" (the head's seconds, estimated from
     # the baselines'), "serve_tok_s" (no speculation's, measured)}; kept in plan.json so a re-run trains on one clock
     replanned: dict | None = None
+    hybrid: bool = False  # --hybrid: fit the head's hybrid policy and serve hybrid(head) beside it
 
     @property
     def clock_minutes(self) -> float:
@@ -171,15 +185,29 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def serve_seconds(workloads: list[str], num_prompts: int, max_tokens: int) -> tuple[float, float]:
-    """Planned seconds to serve the training-free methods, and then the head, on every workload."""
+def serve_seconds(workloads: list[str], num_prompts: int, max_tokens: int, hybrid: bool = False) -> tuple[float, float]:
+    """Planned seconds to serve the training-free methods, and then the head (and its hybrid), on every workload."""
     generate = num_prompts * max_tokens / SERVE_TOK_S
     baselines = len(workloads) * len(SERVE_METHODS) * (ENGINE_START_S + generate)
-    return baselines, len(workloads) * (ENGINE_START_S + generate / HEAD_SERVE_SPEED)
+    head = ENGINE_START_S + generate / HEAD_SERVE_SPEED + (ENGINE_START_S + generate / HYBRID_SERVE_SPEED) * hybrid
+    return baselines, len(workloads) * head
+
+
+def fit_seconds(rates: Rates, max_tokens: int) -> float:
+    """Planned seconds of --hybrid's fit: the target answers HYBRID_FIT first turns in vLLM (one engine, one batch),
+    then every answer position is recorded (FIT_S_PER_POSITION, scaled by this machine's forward rate)."""
+    answers = FIT_START_S + ENGINE_START_S + HYBRID_FIT * max_tokens / SERVE_TOK_S
+    return answers + HYBRID_FIT * max_tokens * FIT_S_PER_POSITION * FIT_PROBE / rates.forward_tok_s
 
 
 def make_plan(
-    budget_min: float, rates: Rates, spent_s: float, num_prompts: int, max_tokens: int, full: bool = False
+    budget_min: float,
+    rates: Rates,
+    spent_s: float,
+    num_prompts: int,
+    max_tokens: int,
+    full: bool = False,
+    hybrid: bool = False,
 ) -> Plan:
     """Split `budget_min` (minus what is spent already) between extraction, training and serving.
 
@@ -187,15 +215,17 @@ def make_plan(
     extraction and training tok/s, N tokens of which H are held out take N/e + PASSES*(N-H)/t seconds (plus
     extraction's fixed part: its start and the held-out samples' slower rate), so the data grows with the budget and
     the clock follows it; past the shipped pool's 4,000 turns the rest goes to training minutes. A budgeted plan holds
-    out HELDOUT conversations (at least the served prompts); --full the preset's."""
+    out HELDOUT conversations (at least the served prompts); --full the preset's. `hybrid`: the fit and the hybrid's
+    serving come out of the budget too."""
     workloads = ["chat", "mtbench"] + (["code"] if full else [])
     if not full:  # a slow machine serves fewer prompts rather than train less: serving gets at most SERVE_SHARE
-        starts = sum(serve_seconds(workloads, 0, max_tokens))  # engine starts alone
-        per_prompt = sum(serve_seconds(workloads, 1, max_tokens)) - starts
+        starts = sum(serve_seconds(workloads, 0, max_tokens, hybrid))  # engine starts alone
+        per_prompt = sum(serve_seconds(workloads, 1, max_tokens, hybrid)) - starts
         fits = int((budget_min * 60 * SERVE_SHARE - starts) / per_prompt)
         fits -= fits % SERVE_BATCH
         num_prompts = max(min(num_prompts, MIN_PROMPTS), min(num_prompts, fits))
-    baselines, serve = serve_seconds(workloads, num_prompts, max_tokens)
+    baselines, serve = serve_seconds(workloads, num_prompts, max_tokens, hybrid)
+    fit = {"hybrid": fit_seconds(rates, max_tokens)} if hybrid else {}
     if full:  # the preset as measured: its data (all sets) and its 60 minutes, whatever they take here
         tokens = 2_150_000
         stages = {
@@ -204,11 +234,13 @@ def make_plan(
             "baselines": baselines,
             "train": 3600 + TRAIN_OVERHEAD_S,
             "export": EXPORT_S,
+            **fit,
             "serve": serve,
         }
-        return Plan(None, POOL_TURNS, True, 60.0, num_prompts, workloads, stages)
+        return Plan(None, POOL_TURNS, True, 60.0, num_prompts, workloads, stages, hybrid=hybrid)
     heldout = max(HELDOUT, num_prompts)
     fixed = DATA_S + rates.extract_fixed_s(heldout) + baselines + TRAIN_OVERHEAD_S + EXPORT_S + serve
+    fixed += sum(fit.values())
     left = budget_min * 60 * (1 - MARGIN) - spent_s - fixed  # seconds for extraction + training
     per_token = 1 / rates.extract_tok_s + PASSES / rates.train_tok_s
     held_train_s = PASSES * heldout * HELDOUT_SAMPLE_TOKENS / rates.train_tok_s  # extracted, never trained on
@@ -238,16 +270,18 @@ def make_plan(
         "baselines": baselines,
         "train": train_min * 60 + TRAIN_OVERHEAD_S,
         "export": EXPORT_S,
+        **fit,
         "serve": serve,
     }
-    return Plan(budget_min, turns, False, train_min, num_prompts, workloads, stages, heldout)
+    return Plan(budget_min, turns, False, train_min, num_prompts, workloads, stages, heldout, hybrid=hybrid)
 
 
 def replan_training(plan: Plan, results: dict[str, dict], baselines_s: float, elapsed_s: float) -> dict:
     """Once the baselines are served (`results`: run_acceptance's per workload, `baselines_s` the stage's wall time,
     `elapsed_s` the run's so far): the training minutes that fill what is left of the budget, with the head's serving
     estimated from this machine's own: per workload an engine's start as the baselines' took (process time less
-    generation), no speculation's generation over HEAD_SERVE_SPEED, and the stage's own overhead again. --full keeps
+    generation), no speculation's generation over HEAD_SERVE_SPEED (and, with --hybrid, another start and its generation
+    over HYBRID_SERVE_SPEED, the fit as planned), and the stage's own overhead again. --full keeps
     the preset's 60 minutes; a baseline that failed keeps the plan's minutes."""
     rows = {(w, m): r["methods"].get(m, {}) for w, r in results.items() for m in SERVE_METHODS}
     if plan.budget_min is None or any(r.get("status") != "ok" for r in rows.values()):
@@ -255,8 +289,10 @@ def replan_training(plan: Plan, results: dict[str, dict], baselines_s: float, el
     head = baselines_s - sum(r["process_s"] for r in rows.values())  # tokenizer, prompts, reports: once more
     for w in results:
         starts = [rows[w, m]["process_s"] - rows[w, m]["generation_s"] for m in SERVE_METHODS]
-        head += sum(starts) / len(starts) + rows[w, "none"]["generation_s"] / HEAD_SERVE_SPEED
-    left = plan.budget_min * 60 * (1 - MARGIN) - elapsed_s - TRAIN_OVERHEAD_S - EXPORT_S - head
+        start, gen = sum(starts) / len(starts), rows[w, "none"]["generation_s"]
+        head += start + gen / HEAD_SERVE_SPEED + (start + gen / HYBRID_SERVE_SPEED) * plan.hybrid
+    fit = plan.stages.get("hybrid", 0.0)
+    left = plan.budget_min * 60 * (1 - MARGIN) - elapsed_s - TRAIN_OVERHEAD_S - EXPORT_S - fit - head
     minutes = max(MIN_TRAIN_MINUTES, math.floor(left / 60 * 10) / 10)  # past the budget rather than no head
     none = [rows[w, "none"] for w in results]
     tok_s = sum(r["generated_tokens"] for r in none) / sum(r["generation_s"] for r in none)
@@ -310,7 +346,8 @@ def print_plan(plan: Plan, rates: Rates, spent: dict[str, float]) -> None:
     print(
         f"plan ({'--full: the preset as measured' if plan.budget_min is None else f'budget {plan.budget_min:g} min'}):"
         f" {data}; {plan.train_minutes:g} training minutes (~{PASSES:g} passes); served on "
-        f"{', '.join(plan.workloads)} x {plan.num_prompts} prompts",
+        f"{', '.join(plan.workloads)} x {plan.num_prompts} prompts"
+        + ("; the head's hybrid fitted and served beside it" if plan.hybrid else ""),
         flush=True,
     )
     clock = sum(spent.values())
@@ -399,15 +436,18 @@ def served_rows(results: dict[str, dict]) -> list[dict]:
 
 def headline(rows: list[dict], rates: Rates, head: str = "eagle3") -> str:
     """The README's headline table: per workload, the head's tokens per target step against ngram and suffix, and
-    its served speed against no speculation."""
+    its served speed against no speculation; with --hybrid, hybrid(head)'s beside them."""
     by = {(r["workload"], r["method"]): r for r in rows if "tokens_per_target_step" in r}
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    hybrid = f"hybrid({head})"
+    with_hybrid = any(r["method"] == hybrid for r in rows)
+    extra = " hybrid tok/step | hybrid / best training-free | hybrid tok/s vs none |" if with_hybrid else ""
     out = [
         f"machine: {rates.cpu} ({rates.flags}), 2 cores; served in vLLM at batch 8, greedy, k=3, 128 tokens",
         "",
         "| workload | head tok/step | ngram | suffix | head / best training-free | head tok/s vs none "
-        "| outputs = none |",
-        "|---|---|---|---|---|---|---|",
+        "| outputs = none |" + extra,
+        "|---|---|---|---|---|---|---|" + "---|" * (3 if with_hybrid else 0),
     ]
     for w in workloads:
         h, n, s = by.get((w, head)), by.get((w, "ngram")), by.get((w, "suffix"))
@@ -415,10 +455,22 @@ def headline(rows: list[dict], rates: Rates, head: str = "eagle3") -> str:
             out.append(f"| {w} | failed: see acceptance/{w}/acceptance.md | | | | | |")
             continue
         best = max(n["tokens_per_target_step"], s["tokens_per_target_step"])
+        matches = [h["match_vs_none"]]
+        cells = ""
+        if with_hybrid:
+            y = by.get((w, hybrid))
+            if y:
+                matches.append(y["match_vs_none"])
+                cells = (
+                    f" **{y['tokens_per_target_step']:.2f}** | {y['tokens_per_target_step'] / best:.2f}x | "
+                    f"{y['speedup_vs_none']:.2f}x |"
+                )
+            else:
+                cells = " failed | | |"
         out.append(
             f"| {w} | **{h['tokens_per_target_step']:.2f}** | {n['tokens_per_target_step']:.2f} | "
             f"{s['tokens_per_target_step']:.2f} | {h['tokens_per_target_step'] / best:.2f}x | "
-            f"{h['speedup_vs_none']:.2f}x | {h['match_vs_none']:.2f} |"
+            f"{h['speedup_vs_none']:.2f}x | {min(matches):.2f} |" + cells
         )
     return "\n".join(out)
 
@@ -445,29 +497,42 @@ def main(argv: list[str]) -> int:
         "MLP speculator: no attention, no KV cache); "
         f"presets {', '.join(f'{k}: {v}' for k, v in PRESETS.items())}",
     )
+    p.add_argument(
+        "--hybrid",
+        action="store_true",
+        help=f"also fit the head's hybrid policy (the head, suffix and ngram chosen per step; eval fit-hybrid on "
+        f"{HYBRID_FIT} ShareGPT first turns it never trained on) and serve hybrid(eagle3) beside the head; its fit and "
+        "serving come out of the budget",
+    )
     p.add_argument("--num-prompts", type=int, default=32, help="prompts served per workload and method (default 32)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--k", type=int, default=3, help="speculative tokens per step when serving (default 3)")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for training, e.g. head.ttt_steps=3")
     args = p.parse_args(argv)
+    if args.hybrid and args.family != "eagle3":
+        p.error(f"--hybrid serves an EAGLE-3 head with suffix and ngram (vLLM's EAGLE-3 drafter); not --family "
+                f"{args.family}")  # fmt: skip
     os.environ.setdefault("WANDB_MODE", "offline")
+    n = 8 if args.hybrid else 7  # stages
     out = Path(args.out).resolve()
     stages = Stages()
     total = time.time()
 
     from draftsmith.assets import prepare_smollm2
 
-    target = str(stages.run("prepare", "1/7 prepare target", prepare_smollm2))
+    target = str(stages.run("prepare", f"1/{n} prepare target", prepare_smollm2))
     print(f"target: {target}")
     preset = PRESETS[args.family]
-    rates = stages.run("probe", "2/7 probe this machine", lambda: probe(target, preset))
+    rates = stages.run("probe", f"2/{n} probe this machine", lambda: probe(target, preset))
     key = {k: getattr(args, k) for k in ("budget", "full", "num_prompts", "max_tokens", "overrides")}
     if args.family != "eagle3":  # (plans written before --family existed stay valid for eagle3)
         key["family"] = args.family
+    if args.hybrid:  # (and those written before --hybrid, without it)
+        key["hybrid"] = True
 
     def new_plan() -> Plan:
         spent = sum(stages.spent.values())
-        return make_plan(args.budget, rates, spent, args.num_prompts, args.max_tokens, args.full)
+        return make_plan(args.budget, rates, spent, args.num_prompts, args.max_tokens, args.full, args.hybrid)
 
     try:
         plan = new_plan() if args.plan_only else load_or_plan(out, key, new_plan)
@@ -489,7 +554,7 @@ def main(argv: list[str]) -> int:
     print("\n" + " ".join(prepare[1:]), flush=True)
     (out / "prepare_seconds.json").unlink(missing_ok=True)
     code = stages.run(
-        "data+extract", "3/7 data and features (train/run.py prepare_only=true)", lambda: run_child(prepare)
+        "data+extract", f"3/{n} data and features (train/run.py prepare_only=true)", lambda: run_child(prepare)
     )
     split_child_stages(stages, "data+extract", out / "prepare_seconds.json")
     if code:  # the child printed its own one-paragraph error (or the Ctrl-C note) above
@@ -497,7 +562,7 @@ def main(argv: list[str]) -> int:
               "to continue (finished shards are kept)", file=sys.stderr)  # fmt: skip
         return code
 
-    def serve(heads: dict[str, str]) -> dict:
+    def serve(heads: dict[str, str], hybrids: tuple[str, ...] = ()) -> dict:
         from draftsmith.eval.acceptance import format_table, run_acceptance
         from draftsmith.eval.prompts import humaneval_prompts, mtbench_file
 
@@ -518,6 +583,7 @@ def main(argv: list[str]) -> int:
                 num_prompts=plan.num_prompts,
                 out_dir=str(out / "acceptance" / w),
                 batch_size=SERVE_BATCH,
+                hybrids=hybrids,
                 reuse_baselines=True,  # the head's run takes the baselines served before training
             )
             print(format_table(results[w]), flush=True)
@@ -525,7 +591,7 @@ def main(argv: list[str]) -> int:
 
     # the training-free methods first: they need no head, and what they take here sets the training clock
     baselines = stages.run(
-        "baselines", "4/7 ngram, suffix and no speculation in vLLM (before training)", lambda: serve({})
+        "baselines", f"4/{n} ngram, suffix and no speculation in vLLM (before training)", lambda: serve({})
     )
     if plan.replanned is None:
         plan.replanned = replan_training(plan, baselines, stages.spent["baselines"], time.time() - total)
@@ -543,7 +609,7 @@ def main(argv: list[str]) -> int:
     cmd = [sys.executable, "-m", "draftsmith.train.run", *plan.overrides(out, args.overrides, preset)]
     print("\n" + " ".join(cmd[1:]), flush=True)
     (out / "prepare_seconds.json").unlink(missing_ok=True)
-    code = stages.run("train", "5/7 training (train/run.py)", lambda: run_child(cmd))
+    code = stages.run("train", f"5/{n} training (train/run.py)", lambda: run_child(cmd))
     split_child_stages(stages, "train", out / "prepare_seconds.json")  # reading the data and checking the features
     if code:  # training printed its own one-paragraph error (or the Ctrl-C note) above
         print(
@@ -560,13 +626,20 @@ def main(argv: list[str]) -> int:
 
         return cli(["export", "--format", "vllm", str(out), str(exported)])
 
-    if stages.run("export", "6/7 export for vLLM", export) != 0:
+    if stages.run("export", f"6/{n} export for vLLM", export) != 0:
         return 1
+    fitted = None
+    if plan.hybrid:
+        title = f"7/{n} the hybrid policy (eval fit-hybrid)"
+        fitted = stages.run("hybrid", title, lambda: fit_hybrid(out, target, args))
+    hybrids = (args.family,) if fitted else ()
     results = stages.run(
-        "serve", "7/7 the head in vLLM (the baselines' results reused)", lambda: serve({args.family: str(exported)})
+        "serve",
+        f"{n}/{n} the head{' and its hybrid' if hybrids else ''} in vLLM (the baselines' results reused)",
+        lambda: serve({args.family: str(exported)}, hybrids),
     )
     spent_total = round(time.time() - total, 1)
-    summary = write_summary(out, plan, rates, stages.spent, spent_total, results, args.family)
+    summary = write_summary(out, plan, rates, stages.spent, spent_total, results, args.family, fitted)
     print("\n=== summary ===")
     print(summary["headline"])
     tr = summary["train"]
@@ -579,6 +652,30 @@ def main(argv: list[str]) -> int:
     budget = "" if plan.budget_min is None else f" of the {plan.budget_min:g}-minute budget ({verdict})"
     print(f"total {fmt_min(spent_total)}{budget}; results: {out}/quickstart.json")
     return 0
+
+
+def fit_hybrid(out: Path, target: str, args) -> dict | None:
+    """--hybrid's fit on HYBRID_FIT first turns after the trained ones (the served chat prompts excluded), answered at
+    the served length; the policy lands in the exported head's hybrid.json. None (and the head served alone) when it
+    fails: the head is trained by then, and its table is still worth having."""
+    from draftsmith.eval.hybrid import fit_hybrid as fit
+
+    try:
+        policy, _ = fit(
+            target,
+            out / "exported",
+            None,
+            num_conversations=HYBRID_FIT,
+            max_tokens=args.max_tokens,
+            k=args.k,
+            exclude=out / "heldout_prompts.jsonl",
+            records_path=out / "hybrid_records.json",  # a re-run refits from them without a forward pass
+        )
+    except Exception as e:  # noqa: BLE001 - reported, then the head is served alone
+        print(f"draftsmith quickstart: the hybrid's fit failed ({type(e).__name__}: {e}); serving the head alone",
+              file=sys.stderr)  # fmt: skip
+        return None
+    return {k: policy.fitted_on[k] for k in ("data", "skip", "conversations", "positions", "tokens_per_step")}
 
 
 def split_child_stages(stages: Stages, child: str, marks: Path) -> None:
@@ -605,7 +702,14 @@ def stage_replans(plan: Plan) -> dict[str, float]:
 
 
 def write_summary(
-    out: Path, plan: Plan, rates: Rates, spent: dict, total_s: float, results: dict, family: str = "eagle3"
+    out: Path,
+    plan: Plan,
+    rates: Rates,
+    spent: dict,
+    total_s: float,
+    results: dict,
+    family: str = "eagle3",
+    hybrid_fit: dict | None = None,
 ) -> dict:
     from draftsmith.atomic import atomic_write_json
 
@@ -613,7 +717,7 @@ def write_summary(
     last = [r for r in log if "tok_per_s" in r][-1]
     last_eval = [r for r in log if "eval/acc" in r][-1]
     rows = served_rows(results)
-    order = ["prepare", "probe", "data", "extract", "baselines", "train", "export", "serve"]
+    order = ["prepare", "probe", "data", "extract", "baselines", "train", "export", "hybrid", "serve"]
     replanned = stage_replans(plan)
     line = [
         f"{s} {fmt_min(plan.stages[s]) if s in plan.stages else '-'}"
@@ -640,6 +744,7 @@ def write_summary(
         },
         "served": rows,
         "family": family,
+        **({"hybrid_fit": hybrid_fit} if hybrid_fit else {}),
         "headline": headline(rows, rates, family),
         "stage_line": line,
     }

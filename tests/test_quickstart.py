@@ -15,12 +15,14 @@ FAST = qs.Rates(forward_tok_s=951, train_tok_s=1611, bf16=True, threads=2, cpu="
 SLOW = qs.Rates(forward_tok_s=330, train_tok_s=600, bf16=False, threads=2, cpu="Zen 3", flags="avx2")
 
 
+@pytest.mark.parametrize("hybrid", [False, True], ids=["head", "hybrid"])
 @pytest.mark.parametrize("rates", [FAST, SLOW], ids=["avx512_bf16", "avx2"])
 @pytest.mark.parametrize("budget", [45, 90])
-def test_the_plan_fits_the_budget(rates, budget):
+def test_the_plan_fits_the_budget(rates, budget, hybrid):
     spent = 40.0  # prepare + probe
-    plan = qs.make_plan(budget, rates, spent, num_prompts=32, max_tokens=128)
+    plan = qs.make_plan(budget, rates, spent, num_prompts=32, max_tokens=128, hybrid=hybrid)
     assert spent + sum(plan.stages.values()) <= budget * 60 * (1 - qs.MARGIN) + 1
+    assert plan.hybrid == hybrid and ("hybrid" in plan.stages) == hybrid  # --hybrid's fit is a planned stage
     assert qs.MIN_TURNS <= plan.conversations <= qs.POOL_TURNS
     assert plan.train_minutes >= qs.MIN_TRAIN_MINUTES
     assert plan.workloads == ["chat", "mtbench"] and not plan.code_sets
@@ -129,6 +131,31 @@ def test_the_headline_compares_the_head_with_the_best_training_free_method():
     assert "| mtbench | **1.50** | 1.30 | 1.20 | 1.15x | 1.10x | 1.00 |" in table
 
 
+def test_the_hybrid_costs_training_minutes_not_budget():
+    """--hybrid plans its fit (slower on a slower machine) and a second served method per workload out of the same
+    budget: the same data or less, fewer training minutes, the same end."""
+    for rates in (FAST, SLOW):
+        head, hybrid = (qs.make_plan(45, rates, 40.0, 32, 128, hybrid=h) for h in (False, True))
+        cost = hybrid.stages["hybrid"] + hybrid.stages["serve"] - head.stages["serve"]
+        assert cost > 0 and hybrid.conversations <= head.conversations
+        assert hybrid.train_minutes < head.train_minutes
+        assert sum(hybrid.stages.values()) == pytest.approx(sum(head.stages.values()), abs=30)
+    assert qs.fit_seconds(SLOW, 128) > qs.fit_seconds(FAST, 128)
+
+
+def test_the_headline_puts_the_hybrid_beside_the_head():
+    def row(tps, speed, match=1.0):
+        return {"status": "ok", "tokens_per_target_step": tps, "per_position_acceptance": [0.5],
+                "output_tokens_per_s": speed, "match_vs_none": match}  # fmt: skip
+
+    methods = {"none": row(1.0, 100.0, None), "ngram": row(1.4, 90.0), "suffix": row(1.6, 95.0),
+               "eagle3": row(1.5, 60.0), "hybrid(eagle3)": row(2.0, 70.0, 0.5)}  # fmt: skip
+    table = qs.headline(qs.served_rows({"chat": {"methods": methods}}), FAST)
+    assert "| hybrid tok/step | hybrid / best training-free | hybrid tok/s vs none |" in table
+    # the head's 0.94x and the hybrid's 1.25x of suffix; "outputs = none" is the worse of the two
+    assert "| chat | **1.50** | 1.40 | 1.60 | 0.94x | 0.60x | 0.50 | **2.00** | 1.25x | 0.70x |" in table
+
+
 @pytest.mark.parametrize("family", sorted(qs.PRESETS))
 def test_every_family_quickstart_trains_its_preset_on_the_same_samples(family):
     """--family picks the preset; every preset's data settings are eagle3_smollm2's, so the features one family's
@@ -175,6 +202,21 @@ def test_the_replan_fills_the_budget_from_the_measured_serving(tok_s):
     assert f"optim.max_minutes={r['train_minutes']:g}" in plan.overrides(Path("/tmp/qs"), [])
 
 
+@pytest.mark.parametrize("tok_s", [60.0, 80.0, 160.0])
+def test_the_replan_pays_for_the_hybrid_too(tok_s):
+    """With --hybrid the re-plan also keeps the fit as planned and adds the hybrid's serving after the head's."""
+    plan = qs.make_plan(45, SLOW, 40.0, 32, 128, hybrid=True)
+    gen, start = plan.num_prompts * 128 / tok_s, qs.ENGINE_START_S
+    results = {w: baselines_result(tok_s, gen + start, plan.num_prompts) for w in plan.workloads}
+    wall = 3 * len(plan.workloads) * (gen + start)
+    elapsed = 40.0 + plan.stages["data"] + plan.stages["extract"] + wall
+    r = qs.replan_training(plan, results, wall, elapsed)
+    per_workload = start + gen / qs.HEAD_SERVE_SPEED + start + gen / qs.HYBRID_SERVE_SPEED
+    assert r["serve"] == pytest.approx(len(plan.workloads) * per_workload, abs=0.1)
+    end = elapsed + r["train_minutes"] * 60 + qs.TRAIN_OVERHEAD_S + qs.EXPORT_S + plan.stages["hybrid"] + r["serve"]
+    assert 45 * 60 * (1 - qs.MARGIN) - 6 <= end <= 45 * 60 * (1 - qs.MARGIN)
+
+
 def test_the_replan_keeps_the_plan_when_a_baseline_failed_or_full():
     plan = qs.make_plan(45, SLOW, 40.0, 32, 128)
     failed = {"chat": baselines_result(80, 60), "mtbench": baselines_result(80, 60, status="failed")}
@@ -194,3 +236,23 @@ def test_a_rerun_keeps_the_replanned_clock(tmp_path):
     again = qs.load_or_plan(tmp_path, key, lambda: pytest.fail("re-planned"))
     assert again.replanned == plan.replanned and again.clock_minutes == 23.4
     assert qs.stage_replans(again) == {"train": 23.4 * 60 + qs.TRAIN_OVERHEAD_S, "serve": 150.0}
+
+
+def test_hybrid_takes_an_eagle3_head_only(capsys):
+    with pytest.raises(SystemExit) as e:
+        qs.main(["--hybrid", "--family", "mlp", "--plan-only"])
+    assert e.value.code == 2 and "--hybrid serves an EAGLE-3 head" in capsys.readouterr().err
+
+
+def test_a_failed_hybrid_fit_leaves_the_head_served_alone(tmp_path, monkeypatch, capsys):
+    """The head is trained by the time the fit runs: a fit that fails is reported and the head is still served."""
+    from argparse import Namespace
+
+    from draftsmith.eval import hybrid
+
+    def broken(*a, **kw):
+        raise ValueError("sharegpt: no conversations to fit on (skip=4000)")
+
+    monkeypatch.setattr(hybrid, "fit_hybrid", broken)
+    assert qs.fit_hybrid(tmp_path, "smollm2", Namespace(max_tokens=128, k=3)) is None
+    assert "the hybrid's fit failed (ValueError: sharegpt: no conversations" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 # A quickstart's head served again on more prompts than its own table: on a slow machine the quickstart serves only
 # 16-19 prompts per workload to keep its budget, too few to tell a head from suffix decoding on chat (suffix's tokens
 # per step moved 1.59-1.80 between prompt subsets of one held-out set). This serves the exported head beside none,
-# ngram and suffix on 64 of the run's held-out chat prompts and MT-Bench's first 40, the counts of the hour records.
+# ngram and suffix (and its hybrid, where the quickstart ran with --hybrid) on 64 of the run's held-out chat prompts
+# and MT-Bench's first 40, the counts of the hour records.
 #
 #   bash bench/quickstart_reserve.sh QUICKSTART_OUT OUT [CHAT_PROMPTS] [MTBENCH_PROMPTS]
 #
@@ -20,9 +21,13 @@ MT=${4:-40}
 dtype=float32 head=eagle3
 if [ -f "$QS/acceptance/chat/acceptance.json" ]; then
   read -r head dtype < <(python -c "import json, sys; d = json.load(open(sys.argv[1]))
-print(next(m for m in d['methods'] if m not in ('none', 'ngram', 'suffix')), d['engine']['dtype'])" \
+print(next(m for m in d['methods'] if m not in ('none', 'ngram', 'suffix') and not m.startswith('hybrid(')),
+      d['engine']['dtype'])" \
     "$QS/acceptance/chat/acceptance.json")
 fi
+# a quickstart --hybrid fitted the head's policy into exported/hybrid.json: hybrid(HEAD) is served beside it
+hybrid=()
+[ -f "$QS/exported/hybrid.json" ] && hybrid=(--hybrid "$head")
 mt=$(python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())")
 [ "$DRY" = 1 ] || mkdir -p "$OUT"
 for w in chat mtbench; do
@@ -30,5 +35,6 @@ for w in chat mtbench; do
   [ "$w" = mtbench ] && prompts=$mt n=$MT
   [ -f "$OUT/$w/acceptance.json" ] && continue
   run draftsmith eval acceptance --target smollm2 --head "$head=$QS/exported" --methods none,ngram,suffix \
-    --prompts "$prompts" --num-prompts "$n" --k 3 --max-tokens 128 --batch-size 8 --dtype "$dtype" --out "$OUT/$w"
+    "${hybrid[@]}" --prompts "$prompts" --num-prompts "$n" --k 3 --max-tokens 128 --batch-size 8 --dtype "$dtype" \
+    --out "$OUT/$w"
 done

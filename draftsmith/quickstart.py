@@ -334,12 +334,15 @@ def fmt_min(seconds: float) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-def print_plan(plan: Plan, rates: Rates, spent: dict[str, float]) -> None:
-    print(
+def machine_line(rates: Rates) -> str:
+    return (
         f"machine: {rates.cpu} ({rates.flags}), {rates.threads} torch threads, bf16 {'on' if rates.bf16 else 'off'}; "
-        f"target forward {rates.forward_tok_s:.0f} tok/s, head step {rates.train_tok_s:.0f} tok/s",
-        flush=True,
+        f"target forward {rates.forward_tok_s:.0f} tok/s, head step {rates.train_tok_s:.0f} tok/s"
     )
+
+
+def print_plan(plan: Plan, rates: Rates, spent: dict[str, float]) -> None:
+    print(machine_line(rates), flush=True)
     data = f"the target's answers to {plan.conversations:,} ShareGPT first turns ({plan.heldout} held out)" + (
         " + the preset's code sets" if plan.code_sets else ""
     )
@@ -536,7 +539,8 @@ def main(argv: list[str]) -> int:
 
     try:
         plan = new_plan() if args.plan_only else load_or_plan(out, key, new_plan)
-    except BudgetTooSmall as e:
+    except BudgetTooSmall as e:  # the probe's figures first: they are why the budget is too small here
+        print(machine_line(rates), flush=True)
         print(f"draftsmith quickstart: {e}", file=sys.stderr)
         return 2
     print_plan(plan, rates, stages.spent)

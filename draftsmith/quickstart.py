@@ -455,7 +455,8 @@ def headline(rows: list[dict], rates: Rates, head: str = "eagle3") -> str:
     for w in workloads:
         h, n, s = by.get((w, head)), by.get((w, "ngram")), by.get((w, "suffix"))
         if not (h and n and s):
-            out.append(f"| {w} | failed: see acceptance/{w}/acceptance.md | | | | | |")
+            pad = " |" * (3 if with_hybrid else 0)  # the hybrid's columns
+            out.append(f"| {w} | failed: see acceptance/{w}/acceptance.md | | | | | |" + pad)
             continue
         best = max(n["tokens_per_target_step"], s["tokens_per_target_step"])
         matches = [h["match_vs_none"]]

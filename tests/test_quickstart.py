@@ -150,8 +150,11 @@ def test_the_headline_puts_the_hybrid_beside_the_head():
 
     methods = {"none": row(1.0, 100.0, None), "ngram": row(1.4, 90.0), "suffix": row(1.6, 95.0),
                "eagle3": row(1.5, 60.0), "hybrid(eagle3)": row(2.0, 70.0, 0.5)}  # fmt: skip
-    table = qs.headline(qs.served_rows({"chat": {"methods": methods}}), FAST)
+    failed = {"none": row(1.0, 100.0, None), "ngram": {"status": "failed", "error": "engine died"}}
+    table = qs.headline(qs.served_rows({"chat": {"methods": methods}, "mtbench": {"methods": failed}}), FAST)
     assert "| hybrid tok/step | hybrid / best training-free | hybrid tok/s vs none |" in table
+    widths = {line.count("|") for line in table.splitlines() if line.startswith("|")}
+    assert widths == {11}, table  # every row as wide as the header, a failed workload's too
     # the head's 0.94x and the hybrid's 1.25x of suffix; "outputs = none" is the worse of the two
     assert "| chat | **1.50** | 1.40 | 1.60 | 0.94x | 0.60x | 0.50 | **2.00** | 1.25x | 0.70x |" in table
 

@@ -89,10 +89,13 @@ SERVE_METHODS = ("none", "ngram", "suffix")
 HYBRID_FIT = 24
 HYBRID_SERVE_SPEED = 0.75
 # the fit's seconds before its answers (reading ShareGPT, loading target and head), and per answer position at the
-# probe's forward rate FIT_PROBE (the target's forward, the head's k-token chain, suffix and ngram at every position:
-# 0.026 s on that EPYC beside a pip install), scaled by FIT_PROBE / probe on other machines
+# probe's forward rate FIT_PROBE (the target's forward, suffix's and ngram's proposals at every position, the head's
+# chains for all positions in k batched calls), scaled by FIT_PROBE / probe on other machines. bench/fit_record.py on
+# a 2-core Xeon (AMX): 4.3 ms a position at a 1,317 tok/s probe, 9.8 ms at 261 (AVX2-capped, slow_machine.sh 100);
+# the whole fit 55 s and 115 s (plan: 103 and 162). Drafting one chain per position had cost 3x that recording
+# (0.025 s a position at 900 was planned then; bench/results/2026-12-02/fit_record/)
 FIT_START_S = 30.0
-FIT_S_PER_POSITION = 0.025
+FIT_S_PER_POSITION = 0.008
 FIT_PROBE = 900.0
 
 

@@ -347,7 +347,12 @@ def record_positions(
         seq = prompt + answer
         f = target.step(torch.tensor([seq]), target.new_cache())  # every position's features in one forward
         n_p = len(prompt)
-        for d in members.values():
+        # a head drafts every position's chain in k batched calls (the fit's cost was its chain at batch 1, ~4 head
+        # calls per position); the others propose position by position
+        rows = len(seq) - 2  # committed rows 0..rows-1: the last proposal follows row n_p + len(answer) - 3
+        batched = {role: d.greedy_every_row(seq[1 : rows + 1], _slice(f, 0, rows), k) for role, d in members.items()}
+        stepped = {role: d for role, d in members.items() if batched[role] is None}
+        for d in stepped.values():
             d.start(list(prompt))
             d.observe(0, seq[1 : n_p + 1], _slice(f, 0, n_p))
         recs = []
@@ -355,13 +360,13 @@ def record_positions(
             tokens, ahead = seq[: n_p + j + 1], answer[j + 1 :]
             rec = {}
             for role, d in members.items():
-                p = d.propose(tokens, k, 0.0, None)
+                p = d.propose(tokens, k, 0.0, None) if role in stepped else batched[role][n_p + j - 1]
                 draft = p.tokens[:k]
                 rec[role] = {"n": len(draft), "signal": p.signal or 0.0, "accepted": _matched(draft, ahead)}
                 if p.confidences is not None:  # lets fit_policy calibrate the head at any shorter depth
                     rec[role]["p"] = [round(float(x), 6) for x in p.confidences[:k]]
             recs.append(rec)
-            for d in members.values():
+            for d in stepped.values():
                 d.observe(n_p + j, [answer[j + 1]], _slice(f, n_p + j, n_p + j + 1))
         for d in members.values():
             d.finish(list(answer))
@@ -469,6 +474,52 @@ def fit_data(head_dir: str | Path, data: str | None, skip: int | None, log=print
     return data, skip
 
 
+def fit_conversations(
+    target: str,
+    head_dir: Path,
+    data,
+    num_conversations: int,
+    max_tokens: int,
+    skip: int | None = None,
+    exclude=None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    backend: str = "auto",
+    log=print,
+) -> tuple[str, int, list[list[int]], list[tuple[list[int], list[int]]]]:
+    """What a fit records: (data, skip, the rendered first turns, (prompt, answer) pairs with the target's answers,
+    cached). `fit_data` picks the turns; prompts in `exclude` never reach the fit."""
+    from transformers import AutoTokenizer
+
+    from draftsmith.assets import cache_dir
+    from draftsmith.eval.prompts import first_turns, load_prompts, render_prompts
+    from draftsmith.generate import cached_generate
+
+    data, skip = fit_data(head_dir, None if data is None else str(data), skip, log)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    banned = set()
+    if exclude:  # e.g. a run's heldout_prompts.jsonl: those first turns never reach the fit
+        banned = {prompt_key(p) for p in render_prompts(tokenizer, load_prompts(exclude))}
+        log(f"fit-hybrid: {len(banned)} prompts of {exclude} excluded")
+    prompts = []
+    turns = first_turns(str(data), None if banned else skip + num_conversations)  # read as far as the fit takes
+    for rec in itertools.islice(turns, skip, None):
+        (ids,) = render_prompts(tokenizer, [rec])  # one at a time: only as many as the fit takes are rendered
+        if prompt_key(ids) not in banned:
+            prompts.append(ids)
+            if len(prompts) == num_conversations:
+                break
+    if not prompts:
+        raise ValueError(f"{data}: no conversations to fit on (skip={skip})")
+    how = "greedily" if temperature == 0 else f"at temperature {temperature:g} (seed {seed})"
+    log(f"fit-hybrid: {len(prompts)} first turns of {data}; the target answers them {how} ({max_tokens} tokens)")
+    answers = cached_generate(
+        target, prompts, max_tokens, temperature, seed, cache_dir=cache_dir() / "generated", backend=backend
+    )
+    convs = [(p, a) for p, a in zip(prompts, answers) if len(a) >= 2]
+    return data, skip, prompts, convs
+
+
 def fit_hybrid(
     target: str,
     head_dir: str | Path,
@@ -500,13 +551,9 @@ def fit_hybrid(
     `records_path`: the per-position records are saved there (atomically) and read back by a later fit with the
     same head weights, first turns, answers, k and members, so a refit (another head depth, other bins) runs no
     forward pass."""
-    from transformers import AutoTokenizer
-
-    from draftsmith.assets import cache_dir, resolve_target
+    from draftsmith.assets import resolve_target
     from draftsmith.eval.head_check import check_head_for_target
-    from draftsmith.eval.prompts import first_turns, load_prompts, render_prompts
     from draftsmith.eval.reference_decoder import load_head_drafter
-    from draftsmith.generate import cached_generate
     from draftsmith.train.checkpoint import read_head
 
     if "head" not in roles or len(roles) < 2 or any(r not in ROLES for r in roles):
@@ -520,28 +567,9 @@ def fit_hybrid(
     target = resolve_target(str(target))
     head_dir = Path(head_dir)
     check_head_for_target(head_dir, target)  # an exported head, a checkpoint or a run dir, made for this target
-    data, skip = fit_data(head_dir, None if data is None else str(data), skip, log)
-    tokenizer = AutoTokenizer.from_pretrained(target)
-    banned = set()
-    if exclude:  # e.g. a run's heldout_prompts.jsonl: those first turns never reach the fit
-        banned = {prompt_key(p) for p in render_prompts(tokenizer, load_prompts(exclude))}
-        log(f"fit-hybrid: {len(banned)} prompts of {exclude} excluded")
-    prompts = []
-    turns = first_turns(str(data), None if banned else skip + num_conversations)  # read as far as the fit takes
-    for rec in itertools.islice(turns, skip, None):
-        (ids,) = render_prompts(tokenizer, [rec])  # one at a time: only as many as the fit takes are rendered
-        if prompt_key(ids) not in banned:
-            prompts.append(ids)
-            if len(prompts) == num_conversations:
-                break
-    if not prompts:
-        raise ValueError(f"{data}: no conversations to fit on (skip={skip})")
-    how = "greedily" if temperature == 0 else f"at temperature {temperature:g} (seed {seed})"
-    log(f"fit-hybrid: {len(prompts)} first turns of {data}; the target answers them {how} ({max_tokens} tokens)")
-    answers = cached_generate(
-        target, prompts, max_tokens, temperature, seed, cache_dir=cache_dir() / "generated", backend=backend
+    data, skip, prompts, convs = fit_conversations(
+        target, head_dir, data, num_conversations, max_tokens, skip, exclude, temperature, seed, backend, log
     )
-    convs = [(p, a) for p, a in zip(prompts, answers) if len(a) >= 2]
 
     family, head_config, head_state, _ = read_head(head_dir)  # the weights the fit uses (a run dir: its latest)
     digest = _head_digest(family.name, head_config, head_state)

@@ -75,6 +75,12 @@ class Drafter:
     def finish(self, output: list[int]) -> None:
         pass
 
+    def greedy_every_row(self, next_tokens: list[int], feats: Features, k: int) -> list[Proposal] | None:
+        """What `propose` (greedy) returns after each committed row p of one sequence, all rows at once: rows
+        0..n-1 with their features (feats rows [n, ...]) and the token after each; entry p is the proposal with
+        rows 0..p observed. None where this drafter has no batched form (callers then propose row by row)."""
+        return None
+
 
 class HeadDrafter(Drafter):
     """A drafter backed by a trained head, drafting greedily (q one-hot, as vLLM does) or by sampling."""
@@ -207,6 +213,35 @@ class Eagle3Drafter(HeadDrafter):
         return Proposal(
             out, None if not probs or probs[0] is None else torch.stack(probs), chain_score(own), confidences=own
         )
+
+    @torch.no_grad()
+    def greedy_every_row(self, next_tokens, feats, k):
+        """Every row's greedy chain in k head calls instead of one chain per row: step 0 is the committed rows'
+        causal pass, and step s reads each row's own step s-1 token (or a mask slot) attending to the committed
+        rows up to it plus its own earlier steps: the TTT unroll's attention (`ttt_attention`), which is the
+        context `propose` gives a chain drafted after that row."""
+        n = len(next_tokens)
+        if n == 0:
+            return []
+        pos = torch.arange(n)[None]  # [1, n]
+        cache = self.head.ttt_cache()
+        hidden = self.head.fuse(feats.aux[-n:].to(self.head.fc.weight.dtype)[None])  # [1, n, H]
+        hidden = self.head(torch.tensor([next_tokens]), pos, hidden, cache)  # [1, n, H] the committed rows
+        parallel = self.head.config.parallel_drafting
+        tokens, probs = [], []
+        for s in range(k):
+            if s > 0 and parallel:
+                ids, mask = self.head.mask_inputs(1, n)
+                hidden = self.head(ids, pos + s, mask.to(hidden.dtype), cache)  # [1, n, H]
+            elif s > 0:
+                hidden = self.head(tokens[-1][None], pos + s, hidden, cache)  # [1, n, H]
+            logits = self.head.logits(hidden)[0]  # [n, Vd]
+            i = logits.argmax(-1)  # [n]
+            own = torch.softmax(logits.float(), dim=-1).gather(-1, i[:, None])[:, 0]  # [n]
+            tokens.append(self.d2t[i])  # [n] target ids
+            probs.append(own)
+        toks, ps = torch.stack(tokens, -1).tolist(), torch.stack(probs, -1).tolist()  # [n, k]
+        return [Proposal(t, None, chain_score(p), confidences=p) for t, p in zip(toks, ps)]
 
 
 class MLPSpeculatorDrafter(HeadDrafter):

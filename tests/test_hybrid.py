@@ -39,6 +39,7 @@ from draftsmith.eval.hybrid import (
     simulate,
 )
 from draftsmith.eval.reference_decoder import (
+    Drafter,
     Eagle3Drafter,
     NgramDrafter,
     NoDrafter,
@@ -48,6 +49,8 @@ from draftsmith.eval.reference_decoder import (
     decode_prompts,
     speculative_generate,
 )
+from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.train.target import Features
 
 
 def test_chain_score_and_signals():
@@ -236,6 +239,84 @@ def test_records_of_sampled_answers_have_the_law_of_sampled_speculative_decoding
 
 def members_for(model):
     return {"head": Eagle3Drafter(make_head(model, 32, seed=1)), "ngram": NgramDrafter(1, 3), "suffix": SuffixDrafter()}
+
+
+class RowByRow(Drafter):
+    """A drafter as a caller without the batched form sees it: every call but `greedy_every_row` passed through."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+
+    def start(self, prompt):
+        self.inner.start(prompt)
+
+    def observe(self, start, next_tokens, feats):
+        self.inner.observe(start, next_tokens, feats)
+
+    def propose(self, tokens, k, temperature, generator):
+        return self.inner.propose(tokens, k, temperature, generator)
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["eagle3", "peagle"])
+def test_a_heads_chains_drafted_for_every_row_at_once_equal_the_row_by_row_chains(tiny128, parallel):
+    """The fit records a head's chain after every position in k batched calls: the tokens and confidences equal
+    `propose` after each row (EAGLE-3 chains and P-EAGLE mask slots, two layers, a partial draft vocab), so the
+    records are the same either way; and with the batched form the head is never stepped row by row."""
+    model = tiny128.model
+    cfg_kw = {"num_layers": 2, **({"parallel_drafting": True, "mask_token_id": 3} if parallel else {})}
+    torch.manual_seed(11)
+    cfg = Eagle3Config.from_target(model.config, 48, [1, 3, 4], **cfg_kw)
+    head = Eagle3Head(cfg)
+    head.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.float())
+    ids = torch.randperm(cfg.vocab_size)[:48].sort().values
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    head.set_vocab(ids - torch.arange(48), t2d)
+    head.lm_head.weight.data *= 20.0  # confident enough that chains are not all one token
+    head = head.double().eval()
+    answers = [plain_greedy(model, p, 20) for p in PROMPTS]
+    convs = list(zip(PROMPTS, answers))
+    seq = PROMPTS[0] + answers[0]
+    f = tiny128.step(torch.tensor([seq]), tiny128.new_cache())
+    rows = len(seq) - 1
+    feats = Features(aux=f.aux[0, :rows], last=f.last[0, :rows], logits=f.logits[0, :rows])
+    batched = Eagle3Drafter(head).greedy_every_row(seq[1 : rows + 1], feats, 3)
+    stepped = Eagle3Drafter(head)
+    stepped.start(seq[:1])
+    distinct = set()
+    for p in range(rows):
+        row = Features(aux=feats.aux[p : p + 1], last=feats.last[p : p + 1], logits=feats.logits[p : p + 1])
+        stepped.observe(p, [seq[p + 1]], row)
+        want = stepped.propose(seq[: p + 2], 3, 0.0, None)
+        assert batched[p].tokens == want.tokens, p
+        assert batched[p].confidences == pytest.approx(want.confidences, abs=1e-9)
+        assert batched[p].signal == pytest.approx(want.signal, abs=1e-9)
+        distinct.add(tuple(want.tokens))
+    assert len(distinct) >= 4  # the chains vary from row to row: the comparison has power
+
+    def members():
+        return {"head": Eagle3Drafter(head), "suffix": SuffixDrafter()}
+
+    fast = record_positions(tiny128, members(), convs, k=3)
+    slow = record_positions(tiny128, {r: RowByRow(d) for r, d in members().items()}, convs, k=3)
+    assert_records_close(fast, slow)
+    calls = []
+    counted = Eagle3Drafter(head)
+    counted.propose = lambda *a: calls.append(a)
+    record_positions(tiny128, {"head": counted}, convs[:1], k=3)
+    assert calls == []
+
+
+def assert_records_close(a, b) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert len(x) == len(y)
+        for rx, ry in zip(x, y):
+            assert rx.keys() == ry.keys()
+            for role in rx:
+                assert rx[role]["n"] == ry[role]["n"] and rx[role]["accepted"] == ry[role]["accepted"]
+                assert rx[role]["signal"] == pytest.approx(ry[role]["signal"], abs=1e-9)
+                assert rx[role].get("p") == pytest.approx(ry[role].get("p"), abs=1e-6)
 
 
 def test_records_reproduce_real_decoding_and_the_fitted_hybrid_decodes_as_simulated(tiny128):

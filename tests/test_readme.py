@@ -5,6 +5,7 @@ CI and by the quickstart bench records; the README stays under 300 lines."""
 
 import argparse
 import importlib
+import json
 import re
 import shlex
 from pathlib import Path
@@ -109,3 +110,37 @@ def test_the_files_it_names_exist():
         if "quickstart_" in path:  # the bench record the headline quotes: checked below once it is committed
             continue
         assert (ROOT / path).exists(), f"README names {path}, which does not exist"
+
+
+def table_rows(text: str, header_start: str) -> list[list[str]]:
+    """The body rows (cells stripped) of the first markdown table in `text` whose header begins `header_start`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def figures(cells: list[str]) -> list[str]:
+    return [re.sub(r"[*x×]", "", c) for c in cells]
+
+
+def test_the_headline_table_is_the_quickstarts_own_output():
+    """Each row of the README's headline table equals the summary table that `draftsmith quickstart` printed in the
+    run it names (bench/results/.../quickstart.json): head, ngram, suffix, the ratio and the served speed."""
+    rows = table_rows(README, "| 2-core machine")
+    records, record = set(), None
+    for cells in rows:
+        named = re.search(r"`(\d{4}-\d\d-\d\d/quickstart_\w+)/`", cells[0])
+        record = named.group(1) if named else record
+        assert record, f"headline row {cells} names no quickstart record"
+        run = json.loads((ROOT / "bench" / "results" / record / "quickstart.json").read_text())
+        assert run["command"].startswith("draftsmith quickstart"), record
+        workload = {"chat": "chat", "MT-Bench": "mtbench"}[cells[1]]
+        own = next(r for r in table_rows(run["headline"], "| workload") if r[0] == workload)
+        assert figures(cells[2:7]) == figures(own[1:6]), (record, workload)
+        records.add(record)
+    assert len(records) >= 3 and len(rows) == 2 * len(records)  # chat and MT-Bench for every machine named

@@ -21,19 +21,6 @@ from pathlib import Path
 import torch
 
 
-class RowByRow:
-    """A member without the batched form: the recording then proposes position by position."""
-
-    def __init__(self, inner):
-        self.inner, self.name = inner, inner.name
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def greedy_every_row(self, next_tokens, feats, k):
-        return None
-
-
 def agree(a: list[list[dict]], b: list[list[dict]]) -> bool:
     pairs = [(x[r], y[r]) for ca, cb in zip(a, b) for x, y in zip(ca, cb) for r in x]
     same = all(p["n"] == q["n"] and p["accepted"] == q["accepted"] for p, q in pairs)
@@ -70,10 +57,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for way in times:
             members = hybrid_members(load_head_drafter("head", args.head, tgt)[0], ("head", "ngram", "suffix"))
-            if way == "row by row":
-                members = {r: RowByRow(d) for r, d in members.items()}
             t = time.perf_counter()
-            records[way] = record_positions(tgt, members, convs, args.k)
+            records[way] = record_positions(tgt, members, convs, args.k, batched=way == "batched")
             times[way].append(time.perf_counter() - t)
     print(f"CPU flags: {cpu_flags()}; torch threads {torch.get_num_threads()}; {len(convs)} conversations, "
           f"{positions} positions, k={args.k}, median of {args.rounds} round(s)")  # fmt: skip

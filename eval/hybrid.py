@@ -338,20 +338,24 @@ def record_positions(
     conversations: list[tuple[list[int], list[int]]],
     k: int,
     progress=None,
+    batched: bool = True,
 ) -> list[list[dict]]:
     """Per conversation (prompt ids, answer ids), per answer position j (answer[:j+1] committed): each member's
     {"n": draft length, "signal", "accepted"}, as each would propose inside a decode that produced this answer
-    (members draft greedily; "accepted": how far the draft matches the answer)."""
+    (members draft greedily; "accepted": how far the draft matches the answer). A head drafts every position's
+    chain in k batched calls (`greedy_every_row`; ~4 head calls a position at batch 1 were the fit's cost), the
+    others propose position by position; batched=False proposes every member position by position."""
     out = []
     for c, (prompt, answer) in enumerate(conversations):
         seq = prompt + answer
         f = target.step(torch.tensor([seq]), target.new_cache())  # every position's features in one forward
         n_p = len(prompt)
-        # a head drafts every position's chain in k batched calls (the fit's cost was its chain at batch 1, ~4 head
-        # calls per position); the others propose position by position
         rows = len(seq) - 2  # committed rows 0..rows-1: the last proposal follows row n_p + len(answer) - 3
-        batched = {role: d.greedy_every_row(seq[1 : rows + 1], _slice(f, 0, rows), k) for role, d in members.items()}
-        stepped = {role: d for role, d in members.items() if batched[role] is None}
+        every_row = {
+            role: d.greedy_every_row(seq[1 : rows + 1], _slice(f, 0, rows), k) if batched else None
+            for role, d in members.items()
+        }
+        stepped = {role: d for role, d in members.items() if every_row[role] is None}
         for d in stepped.values():
             d.start(list(prompt))
             d.observe(0, seq[1 : n_p + 1], _slice(f, 0, n_p))
@@ -360,7 +364,7 @@ def record_positions(
             tokens, ahead = seq[: n_p + j + 1], answer[j + 1 :]
             rec = {}
             for role, d in members.items():
-                p = d.propose(tokens, k, 0.0, None) if role in stepped else batched[role][n_p + j - 1]
+                p = d.propose(tokens, k, 0.0, None) if role in stepped else every_row[role][n_p + j - 1]
                 draft = p.tokens[:k]
                 rec[role] = {"n": len(draft), "signal": p.signal or 0.0, "accepted": _matched(draft, ahead)}
                 if p.confidences is not None:  # lets fit_policy calibrate the head at any shorter depth

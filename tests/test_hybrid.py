@@ -39,7 +39,6 @@ from draftsmith.eval.hybrid import (
     simulate,
 )
 from draftsmith.eval.reference_decoder import (
-    Drafter,
     Eagle3Drafter,
     NgramDrafter,
     NoDrafter,
@@ -49,7 +48,6 @@ from draftsmith.eval.reference_decoder import (
     decode_prompts,
     speculative_generate,
 )
-from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Features
 
 
@@ -241,39 +239,14 @@ def members_for(model):
     return {"head": Eagle3Drafter(make_head(model, 32, seed=1)), "ngram": NgramDrafter(1, 3), "suffix": SuffixDrafter()}
 
 
-class RowByRow(Drafter):
-    """A drafter as a caller without the batched form sees it: every call but `greedy_every_row` passed through."""
-
-    def __init__(self, inner):
-        self.inner, self.name = inner, inner.name
-
-    def start(self, prompt):
-        self.inner.start(prompt)
-
-    def observe(self, start, next_tokens, feats):
-        self.inner.observe(start, next_tokens, feats)
-
-    def propose(self, tokens, k, temperature, generator):
-        return self.inner.propose(tokens, k, temperature, generator)
-
-
 @pytest.mark.parametrize("parallel", [False, True], ids=["eagle3", "peagle"])
 def test_a_heads_chains_drafted_for_every_row_at_once_equal_the_row_by_row_chains(tiny128, parallel):
     """The fit records a head's chain after every position in k batched calls: the tokens and confidences equal
     `propose` after each row (EAGLE-3 chains and P-EAGLE mask slots, two layers, a partial draft vocab), so the
     records are the same either way; and with the batched form the head is never stepped row by row."""
     model = tiny128.model
-    cfg_kw = {"num_layers": 2, **({"parallel_drafting": True, "mask_token_id": 3} if parallel else {})}
-    torch.manual_seed(11)
-    cfg = Eagle3Config.from_target(model.config, 48, [1, 3, 4], **cfg_kw)
-    head = Eagle3Head(cfg)
-    head.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.float())
-    ids = torch.randperm(cfg.vocab_size)[:48].sort().values
-    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-    t2d[ids] = True
-    head.set_vocab(ids - torch.arange(48), t2d)
-    head.lm_head.weight.data *= 20.0  # confident enough that chains are not all one token
-    head = head.double().eval()
+    kw = {"parallel_drafting": True, "mask_token_id": 3} if parallel else {}
+    head = make_head(model, 48, seed=11, logit_scale=20.0, num_layers=2, **kw)  # chains not all one token
     answers = [plain_greedy(model, p, 20) for p in PROMPTS]
     convs = list(zip(PROMPTS, answers))
     seq = PROMPTS[0] + answers[0]
@@ -298,7 +271,7 @@ def test_a_heads_chains_drafted_for_every_row_at_once_equal_the_row_by_row_chain
         return {"head": Eagle3Drafter(head), "suffix": SuffixDrafter()}
 
     fast = record_positions(tiny128, members(), convs, k=3)
-    slow = record_positions(tiny128, {r: RowByRow(d) for r, d in members().items()}, convs, k=3)
+    slow = record_positions(tiny128, members(), convs, k=3, batched=False)
     assert_records_close(fast, slow)
     calls = []
     counted = Eagle3Drafter(head)

@@ -46,9 +46,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def make_head(model, draft_vocab_size, seed=0, logit_scale=1.0, aux=AUX):
+def make_head(model, draft_vocab_size, seed=0, logit_scale=1.0, aux=AUX, **config):
     torch.manual_seed(seed)
-    cfg = Eagle3Config.from_target(model.config, draft_vocab_size, aux)
+    cfg = Eagle3Config.from_target(model.config, draft_vocab_size, aux, **config)
     head = Eagle3Head(cfg)
     head.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.float())
     V, Vd = cfg.vocab_size, cfg.draft_vocab_size

@@ -92,7 +92,7 @@ HYBRID_SERVE_SPEED = 0.75
 # probe's forward rate FIT_PROBE (the target's forward, suffix's and ngram's proposals at every position, the head's
 # chains for all positions in k batched calls), scaled by FIT_PROBE / probe on other machines. bench/fit_record.py on
 # a 2-core Xeon (AMX): 4.3 ms a position at a 1,317 tok/s probe, 9.8 ms at 261 (AVX2-capped, slow_machine.sh 100);
-# the whole fit 55 s and 115 s (plan: 103 and 162). Drafting one chain per position had cost 3x that recording
+# the whole fit 55 s and 115 s (plan: 105 and 173). Drafting one chain per position had cost 3x that recording
 # (0.025 s a position at 900 was planned then; bench/results/2026-12-02/fit_record/)
 FIT_START_S = 30.0
 FIT_S_PER_POSITION = 0.008

@@ -10,11 +10,12 @@ setup:
 quickstart: setup
 	$(ACT) draftsmith quickstart $(ARGS)
 
+# two workers, one core each (tests/conftest.py), each test module on one worker (its fixtures built once)
 test: setup lint
-	$(ACT) python -m pytest tests -v
+	$(ACT) python -m pytest tests -v -n 2 --dist loadfile --durations=40
 
 test-fast: setup lint
-	$(ACT) python -m pytest tests -m "not slow"
+	$(ACT) python -m pytest tests -m "not slow" -n 2 --dist loadfile
 
 lint: setup
 	$(ACT) ruff check . && ruff format --check .

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# `make test` runs the tiers on two pytest-xdist workers, one per core: each worker (and every engine, trainer and
+# extractor it starts, which inherit the mask) keeps to its own share of the cores, so the two never fight over
+# OpenMP threads. This must happen before torch loads its OpenMP runtime, which sizes its pool from the mask.
+_WORKER, _WORKERS = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if _WORKER and _WORKERS > 1 and hasattr(os, "sched_setaffinity"):
+    _cpus = sorted(os.sched_getaffinity(0))
+    if len(_cpus) >= _WORKERS:
+        _share = _cpus[int(_WORKER.removeprefix("gw")) % _WORKERS :: _WORKERS]
+        os.sched_setaffinity(0, _share)
+        os.environ["OMP_NUM_THREADS"] = str(len(_share))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # vLLM on 2 CPU cores: in-process engine, eager, small KV cache (see DESIGN.md "Known traps").
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -164,8 +164,8 @@ def test_bad_sweep_arguments_are_refused_before_any_engine(tmp_path):
 
 @pytest.mark.slow
 def test_served_sweep_and_schedule_on_tiny_target(tiny_target_dir, tmp_path):
-    """A fresh engine per method and batch size; a P-EAGLE head's schedule with k = 0 at batch 2 and up is
-    accepted by vLLM and drafts nothing there; greedy outputs equal no speculation's at every batch size."""
+    """A fresh engine per method, batch size and round; a P-EAGLE head's schedule with k = 0 at batch 2 and up is
+    accepted by vLLM and drafts nothing there; greedy outputs equal no speculation's at every batch size and round."""
     import sys
 
     import torch
@@ -189,26 +189,7 @@ def test_served_sweep_and_schedule_on_tiny_target(tiny_target_dir, tmp_path):
     )
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Count to {n}: one two three"}) + "\n" for n in range(4)))
-    common = dict(k=3, max_tokens=12, num_prompts=None, batch_sizes=[1, 2], max_num_seqs=4)
-    r = run_acceptance(
-        str(tiny_target_dir),
-        str(prompts),
-        ["none", "ngram"],
-        {"p": str(exported)},
-        out_dir=str(tmp_path / "sweep"),
-        **common,
-    )
-    assert [s["batch_size"] for s in r["sweep"]] == [1, 2]
-    for s in r["sweep"]:
-        for name in ("ngram", "p"):
-            row = s["methods"][name]
-            assert row["status"] == "ok", row
-            assert row["match_vs_none"] == 1.0 and row["speedup_vs_none"] > 0
-        assert s["methods"]["p"]["counters"]["num_drafts"] > 0  # fixed k=3: drafts at both sizes
-    assert (tmp_path / "sweep" / "sweep.md").is_file()
-    assert (tmp_path / "sweep" / "plots" / "speedup_vs_batch.png").is_file()
-    assert r["methods"]["p"]["speculative_config"]["parallel_drafting"] is True
-
+    # one sweep, 8 engines (each ~30 s here): no speculation and the head with a schedule, 2 batch sizes, 2 rounds
     sched = run_acceptance(
         str(tiny_target_dir),
         str(prompts),
@@ -217,9 +198,19 @@ def test_served_sweep_and_schedule_on_tiny_target(tiny_target_dir, tmp_path):
         out_dir=str(tmp_path / "sched"),
         k_schedule=[[1, 1, 3], [2, 4, 0]],
         repeats=2,
-        **common,
+        k=3,
+        max_tokens=12,
+        num_prompts=None,
+        batch_sizes=[1, 2],
+        max_num_seqs=4,
     )
+    assert [s["batch_size"] for s in sched["sweep"]] == [1, 2]
+    assert (tmp_path / "sched" / "sweep.md").is_file()
+    assert (tmp_path / "sched" / "plots" / "speedup_vs_batch.png").is_file()
+    assert sched["methods"]["p"]["speculative_config"]["parallel_drafting"] is True
     one, two = (s["methods"]["p"] for s in sched["sweep"])
+    for row in (one, two):
+        assert row["status"] == "ok" and row["speedup_vs_none"] > 0, row
     assert len(one["speedup_rounds"]) == 2 and (tmp_path / "sched" / "runs" / "p.bs2.r2.result.json").is_file()
     assert one["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 3], [2, 4, 0]]
     assert one["counters"]["num_drafts"] > 0 and one["match_vs_none"] == 1.0

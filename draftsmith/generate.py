@@ -75,7 +75,7 @@ def iter_vllm(
     threads = threads or default_threads()
     from transformers import AutoConfig
 
-    from draftsmith.vllm_runner import EVENT
+    from draftsmith.vllm_runner import parse_event
 
     longest = max(map(len, prompts)) + max_tokens + 1
     limit = getattr(AutoConfig.from_pretrained(target_path), "max_position_embeddings", None) or longest
@@ -109,8 +109,8 @@ def iter_vllm(
             with open(log, "w", encoding="utf-8") as f:
                 for line in proc.stdout:
                     f.write(line)
-                    if line.startswith(EVENT):
-                        ev = json.loads(line[len(EVENT) :])
+                    ev = parse_event(line)
+                    if ev is not None:
                         if ev["event"] == "outputs":
                             yield ev["start"], ev["token_ids"], ev["finish_reasons"]
                         elif ev["event"] == "heartbeat" and on_tokens and ev.get("tokens") is not None:

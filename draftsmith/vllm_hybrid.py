@@ -1,5 +1,6 @@
-"""Serve the hybrid drafter in vLLM V1: vLLM's own EAGLE-3 drafter, suffix decoding and prompt lookup, one of
-them chosen per request and step by the policy fitted next to the head (`draftsmith eval fit-hybrid`).
+"""Serve the hybrid drafter in vLLM V1: the head (an EAGLE-3 head in vLLM's own drafter, or an MLP speculator in
+draftsmith's plugin), suffix decoding and prompt lookup, one of them chosen per request and step by the policy fitted
+next to the head (`draftsmith eval fit-hybrid`).
 
     from vllm import LLM
     from draftsmith.vllm_hybrid import hybrid_kwargs
@@ -7,6 +8,8 @@ them chosen per request and step by the policy fitted next to the head (`draftsm
     # = speculative_config={"method": "eagle3", "model": DIR, "num_speculative_tokens": 3,
     #                       "disable_padded_drafter_batch": True},
     #   additional_config={"draftsmith_hybrid": {"policy": DIR, ...}}
+    # an exported MLP speculator: speculative_config={"method": "custom_class", "model":
+    #   "draftsmith.vllm_plugin.MLPSpeculatorProposer", ...}, additional_config={"mlp_speculator": DIR, ...} beside it
 
 How. The general plugin (`draftsmith.vllm_plugin:register`, run by vLLM in every engine process) wraps the model
 runner's `propose_draft_token_ids`. Without `additional_config["draftsmith_hybrid"]` the wrapper calls vLLM's
@@ -21,6 +24,8 @@ method and returns (nothing else changes). With it, each step the wrapper
   beat them), the chain is not run: vLLM's dynamic draft length is set to 0 for the step, so the drafter only
   runs its first pass, which keeps the head's KV cache in step with the target's. The choice is the same as
   if the head had drafted; only its cost is saved;
+* an MLP speculator (`draftsmith.vllm_plugin.MLPSpeculatorProposer`) reports its picks' probabilities itself, and
+  a skipped chain runs no stage at all (it keeps no state between steps);
 * keeps per request the draft its policy expects to be accepted furthest (hybrid.json may hold one policy per
   temperature; a request uses the one fitted nearest its own, greedy = 0).
 
@@ -39,10 +44,14 @@ import time
 from pathlib import Path
 
 KEY = "draftsmith_hybrid"
+MLP_PROPOSER = "draftsmith.vllm_plugin.MLPSpeculatorProposer"  # vllm_plugin.CLASS_PATH
 
 
 def hybrid_kwargs(head_dir: str | os.PathLike, k: int = 3, force: str | None = None, stats: str | None = None) -> dict:
-    """LLM(...) keyword arguments serving the exported EAGLE-3 head at head_dir as a hybrid with its fitted policy."""
+    """LLM(...) keyword arguments serving the exported head at head_dir (EAGLE-3 or MLP speculator) as a hybrid with
+    its fitted policy."""
+    import json
+
     from draftsmith.eval.hybrid import HybridPolicies
 
     head_dir = str(Path(head_dir).resolve())
@@ -51,6 +60,12 @@ def hybrid_kwargs(head_dir: str | os.PathLike, k: int = 3, force: str | None = N
         raise ValueError(f"force={force!r}: head, suffix, ngram, full or None")
     # "full": the policy chooses, but the head's chain runs every step (never skipped; the skip's contract test)
     settings = {"policy": head_dir, "force": None if force == "full" else force, "skip_head": force != "full"}
+    extra = {KEY: {**settings, "stats": stats}}
+    if json.loads((Path(head_dir) / "config.json").read_text()).get("model_type") == "mlp_speculator":
+        # the plugin's proposer (vllm_plugin.speculative_kwargs; named here, since the plugin imports this module to
+        # install the hybrid): it drafts after vLLM's bookkeeping, as suffix and prompt lookup do
+        spec = {"method": "custom_class", "model": MLP_PROPOSER, "num_speculative_tokens": k}
+        return {"speculative_config": spec, "additional_config": {"mlp_speculator": head_dir, **extra}}
     return {
         # unpadded drafter batch: vLLM then drafts after its bookkeeping, so every request's token row already holds
         # this step's tokens when suffix and prompt lookup read it (the padded EAGLE path drafts before)
@@ -60,7 +75,7 @@ def hybrid_kwargs(head_dir: str | os.PathLike, k: int = 3, force: str | None = N
             "num_speculative_tokens": k,
             "disable_padded_drafter_batch": True,
         },
-        "additional_config": {KEY: {**settings, "stats": stats}},
+        "additional_config": extra,
     }
 
 
@@ -77,6 +92,7 @@ class _Hybrid:
         self.skip_head = settings.get("skip_head", True)
         self.stats_path = settings.get("stats")
         cfg = runner.vllm_config.speculative_config
+        self.mlp = cfg.method == "custom_class"  # the MLP speculator in draftsmith's plugin (hybrid_kwargs)
         self.k = cfg.num_speculative_tokens
         self.depth = min(self.k, self.policies.depth)  # the head's passes when its chain runs (the deepest policy)
         self.ngram = (cfg.prompt_lookup_min or 2, cfg.prompt_lookup_max or 5)
@@ -102,6 +118,10 @@ class _Hybrid:
         """Capture the head's probability of each token its greedy chain drafts (softmax max of its logits)."""
         import torch
 
+        if self.mlp:  # the plugin's proposer keeps them itself (run_head reads them)
+            drafter.keep_probs = True
+            self.hooked = True
+            return
         if getattr(drafter, "_enable_probabilistic_draft_probs", False):
             # the runner would then verify suffix/ngram drafts against the head's draft probabilities
             raise ValueError("the hybrid drafter needs vLLM's greedy EAGLE drafting (draft_sample_method='greedy')")
@@ -166,6 +186,25 @@ class _Hybrid:
             for i, props in enumerate(free)
         )
 
+    def run_head(self, runner, scheduler_output, steps: int, draft):
+        """The head's chain for this step, `steps` long (0: skipped): `draft()` is vLLM's own drafting call."""
+        if self.mlp:
+            runner.drafter.steps = steps
+            try:
+                drafts = draft()
+            finally:
+                runner.drafter.steps = None
+            self.head_probs = runner.drafter.last_probs
+            return drafts
+        depth = scheduler_output.num_spec_tokens_to_schedule
+        # vLLM's dynamic-draft-length path: at 0 the drafter's first pass still runs (the head's KV cache stays in
+        # step with the target's), but it drafts nothing; below k the chain stops after the policy's depth
+        scheduler_output.num_spec_tokens_to_schedule = min(steps, depth)
+        try:
+            return draft()
+        finally:
+            scheduler_output.num_spec_tokens_to_schedule = depth
+
     def choose(self, runner, head_drafts, free: list[dict | None]) -> list[list[int]]:
         from draftsmith.eval.reference_decoder import Proposal, chain_score
 
@@ -229,19 +268,14 @@ def install() -> None:
         hybrid.head_probs.clear()  # this step's captures only (the runner's dummy runs also compute logits)
         hybrid.scores.clear()
         free = hybrid.free_drafts(self, sampled_token_ids)
-        depth = scheduler_output.num_spec_tokens_to_schedule
+        steps = hybrid.depth
         if not hybrid.head_needed(self.input_batch, free):
-            # vLLM's dynamic-draft-length path: the drafter's first pass still runs (the head's KV cache stays
-            # in step with the target's), but it drafts nothing
             hybrid.skipped += 1
-            scheduler_output.num_spec_tokens_to_schedule = 0
-        elif hybrid.depth < depth:  # the same path: the head's chain stops after the policy's depth
-            scheduler_output.num_spec_tokens_to_schedule = hybrid.depth
+            steps = 0
         t = time.perf_counter()
-        try:
-            drafts = original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
-        finally:
-            scheduler_output.num_spec_tokens_to_schedule = depth
+        drafts = hybrid.run_head(
+            self, scheduler_output, steps, lambda: original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        )
         hybrid.seconds["head"] += time.perf_counter() - t
         return hybrid.choose(self, drafts, free)
 

@@ -86,6 +86,12 @@ class MLPSpeculatorProposer:
         self.head = None
         self.captured: dict = {}
         self.vllm_config = vllm_config
+        # set by the hybrid drafter (draftsmith.vllm_hybrid) around each call: the chain's length this step (None: k),
+        # and whether to keep `last_probs`, per stage the head's probability of each request row's pick (0 for rows
+        # that drafted nothing)
+        self.steps: int | None = None
+        self.keep_probs = False
+        self.last_probs: list[list[float]] = []
 
     def load_model(self, target_model) -> None:
         """Load the speculator next to the target and hook the target's forward (called once by the runner)."""
@@ -143,11 +149,19 @@ class MLPSpeculatorProposer:
             tokens.append(sampled[-1])
             live.append(i)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
-        if rows:
+        steps = self.k if self.steps is None else min(self.k, self.steps)
+        self.last_probs = [[0.0] * len(sampled_token_ids) for _ in range(steps)]
+        if rows and steps > 0:
             hidden = cap["hidden"][torch.tensor(rows, device=cap["hidden"].device)]  # [N, H]
             tok = torch.tensor(tokens, device=hidden.device)  # [N]
-            out = self.head.propose(hidden, tok, self.k).tolist()  # [N, k]
-            for i, d in zip(live, out):
+            if self.keep_probs:
+                out, probs = self.head.propose(hidden, tok, steps, probs=True)
+                for s, row in enumerate(probs.t().tolist()):  # [steps][N]
+                    for i, p in zip(live, row):
+                        self.last_probs[s][i] = p
+            else:
+                out = self.head.propose(hidden, tok, steps)
+            for i, d in zip(live, out.tolist()):  # [N, steps]
                 drafts[i] = d
         self.captured = {}
         return drafts

@@ -39,8 +39,31 @@ SPEC_COUNTERS = {
 }
 
 
+_EMIT = threading.Lock()
+
+
 def emit(event: str, **fields) -> None:
-    print(EVENT + json.dumps({"event": event, **fields}), flush=True)
+    """One event line, written in one call: print() writes the text and its newline apart, and vLLM's logger (its
+    stats line every few seconds, same stdout) once landed in between, so the parent read the event with a log line
+    glued to it (the heartbeat thread and the main thread emit too, hence the lock)."""
+    line = EVENT + json.dumps({"event": event, **fields}) + "\n"
+    with _EMIT:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def parse_event(line: str) -> dict | None:
+    """The event in a line of a runner's output, or None (a log line). Found wherever it starts in the line and read
+    to its closing brace: another writer's text (a print() of the engine's, written in two parts) can still land
+    before it or after it on the same line."""
+    at = line.find(EVENT)
+    if at < 0:
+        return None
+    try:
+        event, _ = json.JSONDecoder().raw_decode(line, at + len(EVENT))
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and "event" in event else None
 
 
 def read_spec_counters(llm) -> dict:

@@ -34,7 +34,7 @@ from importlib import metadata
 from pathlib import Path
 
 from draftsmith.eval.prompts import load_prompts, render_prompts
-from draftsmith.vllm_runner import EVENT, HYBRID_KEYS, counter_sum
+from draftsmith.vllm_runner import HYBRID_KEYS, counter_sum, parse_event
 
 BASELINES = ("none", "ngram", "suffix")
 ENGINE_DEFAULTS = {
@@ -305,10 +305,10 @@ def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:  # line-buffered: tail -f works
         for line in proc.stdout:
             log.write(line)
-            if not line.startswith(EVENT):
+            ev = parse_event(line)
+            if ev is None:
                 tail = (tail + [line.rstrip()])[-15:]
                 continue
-            ev = json.loads(line[len(EVENT) :])
             if ev["event"] == "engine_ready":
                 say(f"  [bold]{name}[/]: engine ready in {ev['seconds']:.1f} s")
             elif ev["event"] == "progress":
@@ -407,9 +407,10 @@ def run_acceptance(
 ) -> dict:
     """Run every method on the same prompts in real vLLM; write acceptance.json/.md under out_dir.
 
-    hybrids: head names also served as `hybrid(NAME)`: vLLM's EAGLE-3 drafter with suffix decoding and prompt
-    lookup, chosen per request and step by the policy fitted next to the head (`draftsmith.vllm_hybrid`); a dict
-    maps each to a role its choice is pinned to (None: the policy's), for contract tests."""
+    hybrids: head names also served as `hybrid(NAME)`: the head (vLLM's EAGLE-3 drafter, or an MLP speculator in
+    draftsmith's plugin) with suffix decoding and prompt lookup, chosen per request and step by the policy fitted
+    next to the head (`draftsmith.vllm_hybrid`); a dict maps each to a role its choice is pinned to (None: the
+    policy's), for contract tests."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoConfig, AutoTokenizer

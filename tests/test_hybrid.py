@@ -321,6 +321,31 @@ def test_records_reproduce_real_decoding_and_the_fitted_hybrid_decodes_as_simula
     assert len([v for v in given.values() if v]) >= 2  # the policy really mixed members on this target
 
 
+def test_records_of_an_mlp_speculator_reproduce_real_decoding(tiny128):
+    """The same for an MLP speculator as the hybrid's head (what `--family mlp --hybrid` fits): its records predict
+    its decode step for step, and the fitted hybrid decodes as simulated with greedy output unchanged."""
+    from test_reference_decoder import make_mlp
+
+    from draftsmith.eval.reference_decoder import MLPSpeculatorDrafter
+
+    model = tiny128.model
+
+    def members():
+        return {"head": MLPSpeculatorDrafter(make_mlp(model, 3, seed=2)), "ngram": NgramDrafter(1, 3),
+                "suffix": SuffixDrafter()}  # fmt: skip
+
+    n = 24
+    answers = [plain_greedy(model, p, n) for p in PROMPTS]
+    records = record_positions(tiny128, members(), list(zip(PROMPTS, answers)), k=3)
+    _, s = decode_prompts(tiny128, members()["head"], PROMPTS, k=3, max_tokens=n)
+    assert simulate(records, lambda rec: "head")["steps"] == s["target_steps"] - len(PROMPTS)
+    assert s["counters"]["num_draft_tokens"] > 0
+    policy, figures = fit_policy(records, k=3, bins=4)
+    outs, s = decode_prompts(tiny128, HybridDrafter(members(), policy, "hybrid"), PROMPTS, k=3, max_tokens=n)
+    assert outs == answers
+    assert s["target_steps"] - len(PROMPTS) == figures["policy"]["steps"]
+
+
 def test_a_shorter_head_chain_is_exact_from_the_full_records_and_decodes_as_simulated(tiny128):
     """Records at k=3 cut to head depth d equal records made with the head drafting d tokens (its first d greedy
     tokens do not depend on the chain's length); a policy fitted at depth 1 drafts one head token per step in the

@@ -54,11 +54,10 @@ def test_vllm_generate_equals_hf_greedy(tiny_target_dir):
 def test_the_engine_process_beats_while_a_batch_runs(capsys):
     """The generation child emits the tokens generated so far every few seconds, whether or not a request has
     finished (a batch of 256-token answers finishes none for minutes), and stops when told."""
-    import json
     import time
     from types import SimpleNamespace
 
-    from draftsmith.vllm_runner import EVENT, heartbeat
+    from draftsmith.vllm_runner import heartbeat, parse_event
 
     counter = {"n": 0}
 
@@ -74,7 +73,7 @@ def test_the_engine_process_beats_while_a_batch_runs(capsys):
     time.sleep(0.2)
     stop.set()
     time.sleep(0.05)
-    beats = [json.loads(x[len(EVENT) :]) for x in capsys.readouterr().out.splitlines() if x.startswith(EVENT)]
+    beats = [e for e in map(parse_event, capsys.readouterr().out.splitlines()) if e is not None]
     tokens = [b["tokens"] for b in beats if b["event"] == "heartbeat"]
     assert len(tokens) >= 3 and tokens == sorted(tokens) and tokens[0] % 7 == 0
     time.sleep(0.05)
@@ -93,3 +92,36 @@ def test_vllm_generation_reports_tokens_as_it_goes(tiny_target_dir, monkeypatch)
         for ids in batch
     ]
     assert seen and seen == sorted(seen) and seen[-1] <= sum(map(len, outs))
+
+
+def test_events_survive_log_lines_written_beside_them(capsys):
+    """vLLM's stats line once landed between a heartbeat and its newline and the parent's JSON read failed, ending a
+    regeneration: an event is written in one call, and read wherever it sits in a line, whatever text is glued to
+    it; a line with no event, or a broken one, is a log line."""
+    import json
+    import threading
+
+    from draftsmith.vllm_runner import EVENT, emit, parse_event
+
+    ev = {"event": "heartbeat", "tokens": 18331}
+    stats = "(MainProcess pid=1) INFO [loggers.py:335] Engine 000: Avg generation throughput: 171.3 tokens/s"
+    assert parse_event(EVENT + json.dumps(ev) + stats + "\n") == ev
+    assert parse_event("INFO half a log line " + EVENT + json.dumps(ev) + "\n") == ev
+    assert parse_event(stats + "\n") is None and parse_event(EVENT + '{"event": "outp\n') is None
+
+    def emitter(tag):
+        for i in range(300):
+            emit("outputs", tag=tag, i=i, token_ids=[[i] * 50])
+
+    def logger():
+        for i in range(600):
+            print("INFO engine stats", i)  # two writes: the text, then its newline
+
+    threads = [threading.Thread(target=emitter, args=(t,)) for t in "ab"] + [threading.Thread(target=logger)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = [e for e in map(parse_event, capsys.readouterr().out.splitlines()) if e is not None]
+    assert sorted((e["tag"], e["i"]) for e in got) == sorted((t, i) for t in "ab" for i in range(300))
+    assert all(e["token_ids"] == [[e["i"]] * 50] for e in got)

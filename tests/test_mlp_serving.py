@@ -122,3 +122,76 @@ def test_draft_vocab_speculator_is_served_through_its_map(tiny_target_dir, heads
     assert all(set(c["drafts"].flatten().tolist()) <= set(toks) for c in got["calls"])
     m = got["metrics"]
     assert m["vllm:spec_decode_num_accepted_tokens"] / m["vllm:spec_decode_num_draft_tokens"] > 0.8, m
+
+
+def test_hybrid_of_an_mlp_speculator_served(tiny_target_dir, heads, tmp_path):
+    """hybrid(mlp) in vLLM (`draftsmith.vllm_hybrid` on the plugin's proposer): pinned to the head its counters equal
+    the speculator served alone; with the policy choosing, greedy output is unchanged, more than one member drafts,
+    the per-source counts add up to what vLLM counted, and skipping the speculator's stages where no head draft could
+    be chosen changes nothing (counters and choices equal those of the same policy with the chain run every step)."""
+    import shutil
+
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.eval.hybrid import Calibration, HybridPolicy
+
+    head_dir = tmp_path / "copy"
+    shutil.copytree(heads[1], head_dir)  # the copying speculator: its picks have probability ~0.85 on this target
+    # the head when its chain is sure (score > 2, i.e. all three picks likely), else whichever training-free draft
+    # there is; a long n-gram match (n >= 3) beats any head draft, so there the chain is skipped
+    HybridPolicy(
+        k=3,
+        members={
+            "head": Calibration([2.0], [0.2, 1.5], [1, 1]),
+            "ngram": Calibration([2.5], [1.0, 2.0], [1, 1]),
+            "suffix": Calibration([], [1.0], [1]),
+        },
+    ).save(head_dir)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in ("Repeat: one two three, one two three.", "Count: 1 2 3 4"))
+    )
+    r = run_acceptance(
+        str(tiny_target_dir),
+        str(prompts),
+        ["none"],
+        {"m": str(head_dir), "p": str(head_dir), "c": str(head_dir), "f": str(head_dir)},
+        out_dir=str(tmp_path / "a"),
+        hybrids={"p": "head", "c": None, "f": "full"},
+        k=3,
+        max_tokens=32,
+        num_prompts=None,
+        temperature=0.0,
+    )
+    rows = r["methods"]
+    assert all(x["status"] == "ok" for x in rows.values()), {n: x.get("error") for n, x in rows.items()}
+    for name in ("m", "hybrid(p:head)", "hybrid(c)", "hybrid(f:full)"):
+        assert rows[name]["match_vs_none"] == 1.0, name  # greedy output unchanged
+    assert rows["m"]["counters"]["num_draft_tokens"] > 0
+    assert rows["hybrid(p:head)"]["counters"] == rows["m"]["counters"]
+    choosing = rows["hybrid(c)"]
+    src, counters = choosing["hybrid_sources"], choosing["counters"]
+    assert src["head"]["steps"] > 0 and src["ngram"]["steps"] + src["suffix"]["steps"] > 0, src
+    assert sum(v["draft_tokens"] for v in src.values()) >= counters["num_draft_tokens"]  # a finished one drops its last
+    assert sum(v["accepted_tokens"] for v in src.values()) <= counters["num_accepted_tokens"]
+    assert choosing["hybrid_head_skipped"] > 0 and rows["hybrid(f:full)"]["hybrid_head_skipped"] == 0
+    assert counters == rows["hybrid(f:full)"]["counters"] and src == rows["hybrid(f:full)"]["hybrid_sources"]
+
+
+def test_the_hybrid_names_the_plugins_proposer(heads, tmp_path):
+    """vllm_hybrid names the MLP proposer by its path (the plugin imports vllm_hybrid, not the other way round): the
+    same settings as the speculator served alone, plus the policy."""
+    import shutil
+
+    from draftsmith.eval.hybrid import Calibration, HybridPolicy
+    from draftsmith.vllm_hybrid import KEY, hybrid_kwargs
+    from draftsmith.vllm_plugin import speculative_kwargs
+
+    head_dir = tmp_path / "h"
+    shutil.copytree(heads[0], head_dir)
+    HybridPolicy(k=3, members={"head": Calibration([], [1.0], [1]), "suffix": Calibration([], [1.0], [1])}).save(
+        head_dir
+    )
+    got, alone = hybrid_kwargs(head_dir, 3), speculative_kwargs(head_dir, 3)
+    assert got["speculative_config"] == alone["speculative_config"]
+    assert got["additional_config"]["mlp_speculator"] == alone["additional_config"]["mlp_speculator"]
+    assert got["additional_config"][KEY]["policy"] == str(head_dir.resolve())

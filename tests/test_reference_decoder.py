@@ -75,8 +75,12 @@ def test_mlp_speculator_adapter_proposes_what_the_head_proposes(tiny128):
     drafter = MLPSpeculatorDrafter(mlp)
     drafter.start(prompt)
     drafter.observe(0, prompt[1:] + [first], rd.Features(aux=f.aux[0], last=f.last[0], logits=f.logits[0]))
-    got = drafter.propose(prompt + [first], 5, 0.0, None).tokens  # capped at n_predict
-    assert got == mlp.propose(f.last[0, -1:], torch.tensor([first]), 3)[0].tolist()
+    got = drafter.propose(prompt + [first], 5, 0.0, None)  # capped at n_predict
+    assert got.tokens == mlp.propose(f.last[0, -1:], torch.tensor([first]), 3)[0].tolist()
+    # the probabilities the served hybrid reads from the head (its chain signal) are the ones the fit records
+    tokens, probs = mlp.propose(f.last[0, -1:], torch.tensor([first]), 3, probs=True)
+    assert tokens[0].tolist() == got.tokens
+    assert probs[0].tolist() == pytest.approx(got.confidences, rel=1e-9)
 
 
 @pytest.fixture(scope="module")

@@ -208,17 +208,24 @@ class MLPSpeculator(nn.Module):
         return self.head[i](state)  # [.., V]
 
     @torch.no_grad()
-    def propose(self, state: torch.Tensor, token: torch.Tensor, k: int | None = None) -> torch.Tensor:
-        """Greedy chain: state [N, E], token [N] -> k draft tokens [N, k] (what serving runs)."""
+    def propose(
+        self, state: torch.Tensor, token: torch.Tensor, k: int | None = None, probs: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Greedy chain: state [N, E], token [N] -> k draft tokens [N, k] (what serving runs); probs=True also
+        returns [N, k] the head's own probability of each pick (its softmax maximum: the hybrid's chain signal)."""
         k = k or self.config.n_predict
         if k > self.config.n_predict:
             raise ValueError(f"k={k} > n_predict={self.config.n_predict}")
-        state, out = self.prepare(state), []
+        state, out, own = self.prepare(state), [], []
         for i in range(k):
             state = self.step(i, state, token)  # [N, D]
-            token = self.to_target(self.logits(i, state).argmax(-1))  # [N] target ids
+            logits = self.logits(i, state)  # [N, Vd]
+            token = self.to_target(logits.argmax(-1))  # [N] target ids
             out.append(token)
-        return torch.stack(out, dim=-1)  # [N, k]
+            if probs:
+                own.append(torch.softmax(logits.float(), dim=-1).amax(dim=-1))
+        tokens = torch.stack(out, dim=-1)  # [N, k]
+        return (tokens, torch.stack(own, dim=-1)) if probs else tokens
 
     @property
     def draft_to_target(self) -> torch.Tensor | None:

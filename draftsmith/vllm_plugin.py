@@ -150,7 +150,7 @@ class MLPSpeculatorProposer:
             live.append(i)
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         steps = self.k if self.steps is None else min(self.k, self.steps)
-        self.last_probs = [[0.0] * len(sampled_token_ids) for _ in range(steps)]
+        self.last_probs = [[0.0] * len(sampled_token_ids) for _ in range(steps)] if self.keep_probs else []
         if rows and steps > 0:
             hidden = cap["hidden"][torch.tensor(rows, device=cap["hidden"].device)]  # [N, H]
             tok = torch.tensor(tokens, device=hidden.device)  # [N]

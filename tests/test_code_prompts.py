@@ -146,3 +146,18 @@ def test_a_tree_without_functions_is_an_error_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(cp, "root_dir", lambda name: tmp_path / "missing")
     with pytest.raises(DataError, match="is not a directory"):
         read_conversations("pycode:stdlib", questions=True)
+
+
+def test_installing_a_package_moves_no_other_packages_prompts(tree):
+    """site-packages prompts are ranked by their own ids: a new package only inserts its own prompts, so a shipped
+    pool's answers keep matching (one shuffle over every file reordered everything after the new package)."""
+    before = [fid for fid, _ in cp.code_prompts("site-packages", tree)]
+    new = tree / "aaa_new_package"  # sorts before every other file: the old shuffle would shift all of them
+    new.mkdir()
+    (new / "__init__.py").write_text(MODULE)
+    after = [fid for fid, _ in cp.code_prompts("site-packages", tree)]
+    added = [fid for fid in after if fid.startswith("site-packages:aaa_new_package.")]
+    assert len(added) == 2
+    assert [fid for fid in after if fid not in added] == before
+    # the order is each prompt's rank, not the order of the files
+    assert sorted(after, key=lambda fid: cp.rank((fid, ""))) == after

@@ -14,7 +14,7 @@ and no speculation served in real vLLM on held-out chat prompts and MT-Bench (an
 training: what they take here re-plans the training minutes to fill the rest of the budget -> train the head
 (train/run.py conf=eagle3_smollm2, the re-planned minutes on the clock) -> export for vLLM -> the head served on the
 same prompts, beside the baselines' results (with --hybrid, first the head's hybrid policy is fitted on first turns
-it never trained on, and hybrid(eagle3) is served beside it). The plan with an ETA per stage prints before anything
+it never trained on, and hybrid(HEAD) is served beside it). The plan with an ETA per stage prints before anything
 runs; the last lines compare planned (and re-planned) with spent time per stage. Everything lands in
 <out>/quickstart.json. Re-running the same command continues from the last checkpoint (the plan in <out>/plan.json is
 reused, its re-planned clock with it, and the baselines already served are not served again).
@@ -87,6 +87,7 @@ SERVE_METHODS = ("none", "ngram", "suffix")
 # in vLLM at the served length), and hybrid(head)'s served tok/s over no speculation's at batch 8 (0.87 against the
 # head's 0.65 on the 2-core EPYC: suffix's steps cost less than the head's chain, which the policy skips on some)
 HYBRID_FIT = 24
+HYBRID_FAMILIES = ("eagle3", "mlp")  # the heads draftsmith.vllm_hybrid serves
 HYBRID_SERVE_SPEED = 0.75
 # the fit's seconds before its answers (reading ShareGPT, loading target and head), and per answer position at the
 # probe's forward rate FIT_PROBE (the target's forward, suffix's and ngram's proposals at every position, the head's
@@ -508,17 +509,17 @@ def main(argv: list[str]) -> int:
         "--hybrid",
         action="store_true",
         help=f"also fit the head's hybrid policy (the head, suffix and ngram chosen per step; eval fit-hybrid on "
-        f"{HYBRID_FIT} ShareGPT first turns it never trained on) and serve hybrid(eagle3) beside the head; its fit and "
-        "serving come out of the budget",
+        f"{HYBRID_FIT} ShareGPT first turns it never trained on) and serve hybrid(HEAD) beside the head (--family "
+        f"{' or '.join(HYBRID_FAMILIES)}); its fit and serving come out of the budget",
     )
     p.add_argument("--num-prompts", type=int, default=32, help="prompts served per workload and method (default 32)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
     p.add_argument("--k", type=int, default=3, help="speculative tokens per step when serving (default 3)")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for training, e.g. head.ttt_steps=3")
     args = p.parse_args(argv)
-    if args.hybrid and args.family != "eagle3":
-        p.error(f"--hybrid serves an EAGLE-3 head with suffix and ngram (vLLM's EAGLE-3 drafter); not --family "
-                f"{args.family}")  # fmt: skip
+    if args.hybrid and args.family not in HYBRID_FAMILIES:
+        p.error(f"--hybrid serves an EAGLE-3 head or an MLP speculator with suffix and ngram; not --family "
+                f"{args.family} (draftsmith.vllm_hybrid serves those two)")  # fmt: skip
     os.environ.setdefault("WANDB_MODE", "offline")
     n = 8 if args.hybrid else 7  # stages
     out = Path(args.out).resolve()

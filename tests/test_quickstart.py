@@ -241,10 +241,11 @@ def test_a_rerun_keeps_the_replanned_clock(tmp_path):
     assert qs.stage_replans(again) == {"train": 23.4 * 60 + qs.TRAIN_OVERHEAD_S, "serve": 150.0}
 
 
-def test_hybrid_takes_an_eagle3_head_only(capsys):
+def test_hybrid_takes_an_eagle3_head_or_an_mlp_speculator(capsys):
     with pytest.raises(SystemExit) as e:
-        qs.main(["--hybrid", "--family", "mlp", "--plan-only"])
-    assert e.value.code == 2 and "--hybrid serves an EAGLE-3 head" in capsys.readouterr().err
+        qs.main(["--hybrid", "--family", "peagle", "--plan-only"])
+    assert e.value.code == 2 and "--hybrid serves an EAGLE-3 head or an MLP speculator" in capsys.readouterr().err
+    assert set(qs.HYBRID_FAMILIES) < set(qs.PRESETS)
 
 
 def test_a_failed_hybrid_fit_leaves_the_head_served_alone(tmp_path, monkeypatch, capsys):

@@ -107,3 +107,24 @@ def test_the_package_pools_are_intact_and_keyed_to_the_prepared_target(smollm2_d
         assert len(records) == p["records"]
     # the conversion is deterministic: the target prepared here is the one the pools were made with
     assert {p["target_sha256"] for p in pools} == {shipped.target_fingerprint(smollm2_dir)}
+
+
+@pytest.mark.slow  # reads every installed .py file: about a minute on 2 cores
+def test_the_code_pools_ask_what_this_installation_asks():
+    """Every answer of a shipped pycode: pool is taken on a fresh `make setup`: its prompts are the ones the source
+    gives here, in full. A new dependency that reorders the source (as one seeded shuffle over site-packages did)
+    fails here instead of costing every new user an hour of regeneration."""
+    from draftsmith.train.data.code_prompts import pycode_records
+
+    for pool in shipped.manifest():
+        source = pool["settings"]["source"]
+        if not source.startswith("pycode:"):
+            continue
+        live = {r["id"]: r["messages"] for r, _ in pycode_records(source)}
+        records = shipped._records(pool["file"])
+        stale = sorted(i for i, r in records.items() if live.get(i) != shipped.prompt_messages(r))
+        missing = sorted(set(live) - set(records))
+        assert not stale and not missing, (
+            f"{pool['file']}: {len(stale)} of {len(records)} answers ask a prompt {source} no longer gives here "
+            f"(e.g. {stale[:3]}), {len(missing)} of its prompts have no answer (e.g. {missing[:3]}); regenerate it"
+        )

@@ -7,8 +7,9 @@
 #
 # Training is `python train/run.py conf=mlp_smollm2` with one override: data.features_backend=vllm (the quickstart's
 # choice where vLLM is installed; it changes how the features are extracted before the clock, not the training).
-# Served, per table one `draftsmith eval acceptance` run with none, ngram and suffix beside the head, greedy, k=3,
-# 128 tokens, batch 8 (the hour record's settings): chat = the 64 held-out prompts the hour record served (the
+# The head's hybrid: `draftsmith eval fit-hybrid` as typed (64 ShareGPT first turns after the trained ones, 256 tokens),
+# the run's held-out prompts excluded. Served, per table one `draftsmith eval acceptance` run with none, ngram and
+# suffix beside the head and hybrid(mlp), greedy, k=3, 128 tokens, batch 8 (the hour record's settings): chat = the 64 held-out prompts the hour record served (the
 # preset's held-out split, which both families share), MT-Bench and HumanEval = the record's 40 of each (stored by
 # hash in bench/results/prompts). Per second: 12 prompts per workload at batch 1 (`--batch-sizes 1`, a fresh engine
 # per method), the MLP head beside EAGLE3_HEAD (an exported EAGLE-3 head; none given: the MLP head alone).
@@ -25,9 +26,13 @@ if [ ! -f "$RUN/exported/config.json" ]; then
   run python train/run.py conf=mlp_smollm2 data.features_backend=vllm "output_dir=$RUN" resume=auto
   run draftsmith export --format vllm --force "$RUN" "$RUN/exported"
 fi
+if [ ! -f "$RUN/exported/hybrid.json" ]; then
+  run draftsmith eval fit-hybrid --target smollm2 --head "$RUN/exported" --exclude "$RUN/heldout_prompts.jsonl" \
+    --records "$OUT/hybrid_records.json"
+fi
 for w in chat mtbench code; do
   [ -f "$OUT/served_$w/acceptance.json" ] && continue
-  run draftsmith eval acceptance --target smollm2 --head "mlp=$RUN/exported" --methods none,ngram,suffix \
+  run draftsmith eval acceptance --target smollm2 --head "mlp=$RUN/exported" --hybrid mlp --methods none,ngram,suffix \
     --prompts "${PROMPTS[$w]}" --num-prompts "${NUM[$w]}" --k 3 --max-tokens 128 --batch-size 8 --out "$OUT/served_$w"
 done
 HEADS=(--head "mlp=$RUN/exported")

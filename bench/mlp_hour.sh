@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The MLP speculator's 60-minute preset, as a user runs it, served on the prompts of EAGLE-3's hour
+# The MLP speculator's 60-minute preset, as a user runs it, its hybrid fitted, served on the prompts of EAGLE-3's hour
 # (bench/results/2026-11-28/bs2048_code_60) against ngram, suffix and no speculation, then per second at batch 1
 # beside an EAGLE-3 head.
 #
@@ -7,12 +7,13 @@
 #
 # Training is `python train/run.py conf=mlp_smollm2` with one override: data.features_backend=vllm (the quickstart's
 # choice where vLLM is installed; it changes how the features are extracted before the clock, not the training).
-# The head's hybrid: `draftsmith eval fit-hybrid` as typed (64 ShareGPT first turns after the trained ones, 256 tokens),
-# the run's held-out prompts excluded. Served, per table one `draftsmith eval acceptance` run with none, ngram and
-# suffix beside the head and hybrid(mlp), greedy, k=3, 128 tokens, batch 8 (the hour record's settings): chat = the 64 held-out prompts the hour record served (the
-# preset's held-out split, which both families share), MT-Bench and HumanEval = the record's 40 of each (stored by
-# hash in bench/results/prompts). Per second: 12 prompts per workload at batch 1 (`--batch-sizes 1`, a fresh engine
-# per method), the MLP head beside EAGLE3_HEAD (an exported EAGLE-3 head; none given: the MLP head alone).
+# The head's hybrid: `draftsmith eval fit-hybrid` as typed (64 ShareGPT first turns after the trained ones, 256
+# tokens), the run's held-out prompts excluded. Served, per table one `draftsmith eval acceptance` run with none,
+# ngram and suffix beside the head and hybrid(mlp), greedy, k=3, 128 tokens, batch 8 (the hour record's settings):
+# chat = the 64 held-out prompts the hour record served (the preset's held-out split, which both families share),
+# MT-Bench and HumanEval = the record's 40 of each (stored by hash in bench/results/prompts). Per second: 12 prompts
+# per workload at batch 1 (`--batch-sizes 1`, a fresh engine per method), the MLP head and hybrid(mlp) beside
+# EAGLE3_HEAD (an exported EAGLE-3 head; none given: the MLP head alone).
 set -euo pipefail
 . "$(dirname "$0")/mlp_arms.sh"  # run (DRY=1 prints the commands)
 OUT=${1:?usage: bench/mlp_hour.sh OUT [EAGLE3_HEAD]}
@@ -35,7 +36,7 @@ for w in chat mtbench code; do
   run draftsmith eval acceptance --target smollm2 --head "mlp=$RUN/exported" --hybrid mlp --methods none,ngram,suffix \
     --prompts "${PROMPTS[$w]}" --num-prompts "${NUM[$w]}" --k 3 --max-tokens 128 --batch-size 8 --out "$OUT/served_$w"
 done
-HEADS=(--head "mlp=$RUN/exported")
+HEADS=(--head "mlp=$RUN/exported" --hybrid mlp)
 [ -n "$EAGLE3" ] && HEADS+=(--head "eagle3=$EAGLE3")
 for w in chat mtbench code; do
   [ -f "$OUT/batch1_$w/acceptance.json" ] && continue

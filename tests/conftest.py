@@ -38,6 +38,30 @@ TINY = dict(
 )
 
 
+def skip_policy(head_score: float):
+    """A served hybrid policy the contract tests share: the head when its chain score is above `head_score`, else
+    whichever training-free draft there is; a long n-gram match (n >= 3) beats any head draft, so there the head's
+    chain is skipped."""
+    from draftsmith.eval.hybrid import Calibration, HybridPolicy
+
+    return HybridPolicy(
+        k=3,
+        members={
+            "head": Calibration([head_score], [0.2, 1.5], [1, 1]),
+            "ngram": Calibration([2.5], [1.0, 2.0], [1, 1]),
+            "suffix": Calibration([], [1.0], [1]),
+        },
+    )
+
+
+def assert_sources_add_up(row: dict) -> None:
+    """A served hybrid's per-source counts against vLLM's own: every scheduled draft token was proposed by a member
+    (a finished request drops its last), and no member is credited more than vLLM accepted."""
+    src, counters = row["hybrid_sources"], row["counters"]
+    assert sum(v["draft_tokens"] for v in src.values()) >= counters["num_draft_tokens"], (src, counters)
+    assert sum(v["accepted_tokens"] for v in src.values()) <= counters["num_accepted_tokens"], (src, counters)
+
+
 def build_tiny_llama(vocab_size: int, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 

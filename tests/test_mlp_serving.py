@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_sources_add_up, skip_policy
 
 from draftsmith.export.mlp import export_mlp_speculator
 from draftsmith.generate import generate
@@ -132,20 +133,10 @@ def test_hybrid_of_an_mlp_speculator_served(tiny_target_dir, heads, tmp_path):
     import shutil
 
     from draftsmith.eval.acceptance import run_acceptance
-    from draftsmith.eval.hybrid import Calibration, HybridPolicy
 
     head_dir = tmp_path / "copy"
     shutil.copytree(heads[1], head_dir)  # the copying speculator: its picks have probability ~0.85 on this target
-    # the head when its chain is sure (score > 2, i.e. all three picks likely), else whichever training-free draft
-    # there is; a long n-gram match (n >= 3) beats any head draft, so there the chain is skipped
-    HybridPolicy(
-        k=3,
-        members={
-            "head": Calibration([2.0], [0.2, 1.5], [1, 1]),
-            "ngram": Calibration([2.5], [1.0, 2.0], [1, 1]),
-            "suffix": Calibration([], [1.0], [1]),
-        },
-    ).save(head_dir)
+    skip_policy(2.0).save(head_dir)  # the head when its chain is sure (score > 2: all three picks likely)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
         "".join(json.dumps({"prompt": p}) + "\n" for p in ("Repeat: one two three, one two three.", "Count: 1 2 3 4"))
@@ -171,8 +162,7 @@ def test_hybrid_of_an_mlp_speculator_served(tiny_target_dir, heads, tmp_path):
     choosing = rows["hybrid(c)"]
     src, counters = choosing["hybrid_sources"], choosing["counters"]
     assert src["head"]["steps"] > 0 and src["ngram"]["steps"] + src["suffix"]["steps"] > 0, src
-    assert sum(v["draft_tokens"] for v in src.values()) >= counters["num_draft_tokens"]  # a finished one drops its last
-    assert sum(v["accepted_tokens"] for v in src.values()) <= counters["num_accepted_tokens"]
+    assert_sources_add_up(choosing)
     assert choosing["hybrid_head_skipped"] > 0 and rows["hybrid(f:full)"]["hybrid_head_skipped"] == 0
     assert counters == rows["hybrid(f:full)"]["counters"] and src == rows["hybrid(f:full)"]["hybrid_sources"]
 

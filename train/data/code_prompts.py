@@ -98,22 +98,16 @@ def code_prompts(root_name: str, root: Path) -> list[tuple[str, str]]:
     if not root.is_dir():
         raise DataError(f"pycode:{root_name}: {root} is not a directory")
     rng = random.Random(SEED)
-    by_hash = root_name == "site-packages"
+    order = (lambda prompts: prompts.sort(key=rank)) if root_name == "site-packages" else rng.shuffle
     picked = []
     files = sorted(root.rglob("*.py"))  # site-packages: tens of thousands, ~4 min of parsing on 2 cores
     for path in tqdm(files, desc=f"pycode:{root_name}: read", unit="file", mininterval=2, disable=len(files) < 500):
         if SKIP_DIRS & set(path.relative_to(root).parts[:-1]) or path.name.startswith("test_"):
             continue
         found = list(functions(path, root, root_name))
-        if by_hash:
-            found.sort(key=rank)
-        else:
-            rng.shuffle(found)
+        order(found)
         picked += found[:PER_MODULE]
-    if by_hash:
-        picked.sort(key=rank)
-    else:
-        rng.shuffle(picked)
+    order(picked)
     return picked
 
 

@@ -248,6 +248,21 @@ def test_hybrid_takes_an_eagle3_head_or_an_mlp_speculator(capsys):
     assert set(qs.HYBRID_FAMILIES) < set(qs.PRESETS)
 
 
+@pytest.mark.parametrize(
+    "argv, hybrid",
+    [
+        ([], True),  # the README's `make quickstart`: the head and its hybrid
+        (["--family", "mlp"], True),
+        (["--family", "peagle"], False),  # no hybrid serves a parallel-drafting head: the head alone, no error
+        (["--no-hybrid"], False),
+        (["--family", "mlp", "--no-hybrid"], False),
+        (["--hybrid"], True),
+    ],
+)
+def test_the_hybrid_is_the_default_where_a_family_has_one(argv, hybrid):
+    assert qs.parse_args(argv).hybrid is hybrid
+
+
 def test_a_failed_hybrid_fit_leaves_the_head_served_alone(tmp_path, monkeypatch, capsys):
     """The head is trained by the time the fit runs: a fit that fails is reported and the head is still served."""
     from argparse import Namespace

@@ -2,7 +2,7 @@
 # A quickstart's head served again on more prompts than its own table: on a slow machine the quickstart serves only
 # 16-19 prompts per workload to keep its budget, too few to tell a head from suffix decoding on chat (suffix's tokens
 # per step moved 1.59-1.80 between prompt subsets of one held-out set). This serves the exported head beside none,
-# ngram and suffix (and its hybrid, where the quickstart ran with --hybrid) on 64 of the run's held-out chat prompts
+# ngram and suffix (and its hybrid, where the quickstart fitted one: its default) on 64 of the run's held-out chat prompts
 # and MT-Bench's first 40, the counts of the hour records.
 #
 #   bash bench/quickstart_reserve.sh QUICKSTART_OUT OUT [CHAT_PROMPTS] [MTBENCH_PROMPTS]
@@ -25,7 +25,7 @@ print(next(m for m in d['methods'] if m not in ('none', 'ngram', 'suffix') and n
       d['engine']['dtype'])" \
     "$QS/acceptance/chat/acceptance.json")
 fi
-# a quickstart --hybrid fitted the head's policy into exported/hybrid.json: hybrid(HEAD) is served beside it
+# a quickstart (without --no-hybrid) fitted the head's policy into exported/hybrid.json: hybrid(HEAD) is served beside it
 hybrid=()
 [ -f "$QS/exported/hybrid.json" ] && hybrid=(--hybrid "$head")
 mt=$(python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())")

@@ -748,7 +748,7 @@ def write_summary(
         if s in spent or s in plan.stages
     ]
     summary = {
-        "command": "draftsmith quickstart " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["quickstart"] else []),
+        "command": " ".join(["draftsmith", "quickstart", *(sys.argv[2:] if sys.argv[1:2] == ["quickstart"] else [])]),
         "machine": {"cpu": rates.cpu, "flags": rates.flags, "threads": rates.threads, "bf16": rates.bf16},
         "probe": {"forward_tok_s": round(rates.forward_tok_s), "train_tok_s": round(rates.train_tok_s)},
         "plan": asdict(plan),

@@ -130,9 +130,10 @@ def figures(cells: list[str]) -> list[str]:
 
 def test_the_headline_table_is_the_quickstarts_own_output():
     """Each row of the README's headline table equals the summary table that `draftsmith quickstart` printed in the
-    run it names (bench/results/.../quickstart.json): head, ngram, suffix, the ratio and the served speed."""
+    run it names (bench/results/.../quickstart.json): head, ngram, suffix, the ratio and the served speed, then the
+    hybrid's three figures, or dashes for a record served without the hybrid."""
     rows = table_rows(README, "| 2-core machine")
-    records, record = set(), None
+    records, hybrids, record = set(), set(), None
     for cells in rows:
         named = re.search(r"`(\d{4}-\d\d-\d\d/quickstart_\w+)/`", cells[0])
         record = named.group(1) if named else record
@@ -142,5 +143,9 @@ def test_the_headline_table_is_the_quickstarts_own_output():
         workload = {"chat": "chat", "MT-Bench": "mtbench"}[cells[1]]
         own = next(r for r in table_rows(run["headline"], "| workload") if r[0] == workload)
         assert figures(cells[2:7]) == figures(own[1:6]), (record, workload)
+        assert figures(cells[7:10]) == (figures(own[7:10]) or ["-"] * 3), (record, workload)
         records.add(record)
+        if run.get("hybrid_fit"):
+            hybrids.add(record)
     assert len(records) >= 3 and len(rows) == 2 * len(records)  # chat and MT-Bench for every machine named
+    assert len(hybrids) >= 2  # the default command fits and serves the hybrid: most records show it

@@ -660,7 +660,7 @@ def main(argv: list[str]) -> int:
         lambda: serve({args.family: str(exported)}, hybrids),
     )
     spent_total = round(time.time() - total, 1)
-    summary = write_summary(out, plan, rates, stages.spent, spent_total, results, args.family, fitted)
+    summary = write_summary(out, plan, rates, stages.spent, spent_total, results, args.family, fitted, tuple(argv))
     print("\n=== summary ===")
     print(summary["headline"])
     tr = summary["train"]
@@ -731,6 +731,7 @@ def write_summary(
     results: dict,
     family: str = "eagle3",
     hybrid_fit: dict | None = None,
+    argv: tuple[str, ...] = (),
 ) -> dict:
     from draftsmith.atomic import atomic_write_json
 
@@ -748,7 +749,7 @@ def write_summary(
         if s in spent or s in plan.stages
     ]
     summary = {
-        "command": " ".join(["draftsmith", "quickstart", *(sys.argv[2:] if sys.argv[1:2] == ["quickstart"] else [])]),
+        "command": " ".join(["draftsmith", "quickstart", *argv]),
         "machine": {"cpu": rates.cpu, "flags": rates.flags, "threads": rates.threads, "bf16": rates.bf16},
         "probe": {"forward_tok_s": round(rates.forward_tok_s), "train_tok_s": round(rates.train_tok_s)},
         "plan": asdict(plan),

@@ -577,14 +577,7 @@ def fit_hybrid(
 
     family, head_config, head_state, _ = read_head(head_dir)  # the weights the fit uses (a run dir: its latest)
     digest = _head_digest(family.name, head_config, head_state)
-    identity = {
-        "format": "draftsmith-hybrid-records-1",
-        "head": digest,
-        "conversations": hashlib.sha1(json.dumps(convs).encode()).hexdigest(),
-        "k": k,
-        "roles": list(roles),
-        **({"temperature": temperature} if temperature else {}),  # greedy records saved before temperatures match
-    }
+    identity = records_identity(digest, convs, k, roles, temperature)
     records = None
     if records_path and Path(records_path).is_file():
         try:
@@ -643,6 +636,19 @@ def fit_hybrid(
         f"for temperatures {', '.join(f'{t:g}' for t in saved.temperatures)})"
     )
     return policy, path
+
+
+def records_identity(digest: str, convs, k: int, roles, temperature: float = 0.0) -> dict:
+    """What saved per-position records were recorded from (head weights, conversations, k, members, temperature):
+    `fit_hybrid` reads a records file back only when its identity equals this."""
+    return {
+        "format": "draftsmith-hybrid-records-1",
+        "head": digest,
+        "conversations": hashlib.sha1(json.dumps(convs).encode()).hexdigest(),
+        "k": k,
+        "roles": list(roles),
+        **({"temperature": temperature} if temperature else {}),  # greedy records saved before temperatures match
+    }
 
 
 def _kept_policies(head_dir: Path, digest: str, k: int, temperature: float, log) -> list[HybridPolicy]:

@@ -14,6 +14,8 @@
 # MT-Bench and HumanEval = the record's 40 of each (stored by hash in bench/results/prompts). Per second: 12 prompts
 # per workload at batch 1 (`--batch-sizes 1`, a fresh engine per method), the MLP head and hybrid(mlp) beside
 # EAGLE3_HEAD (an exported EAGLE-3 head; none given: the MLP head alone).
+# A/B knobs, off unless set: CONVERSATIONS=N adds data.num_conversations=N (the data-size arm: the shipped pool answers
+# ShareGPT's first 8,000 first turns, so up to 8,000 costs extraction only); BATCH1=0 skips the batch-1 stage.
 set -euo pipefail
 . "$(dirname "$0")/mlp_arms.sh"  # run (DRY=1 prints the commands)
 OUT=${1:?usage: bench/mlp_hour.sh OUT [EAGLE3_HEAD]}
@@ -24,7 +26,8 @@ declare -A PROMPTS=([chat]=$P/45e61292eed99095.jsonl [mtbench]=$P/ff0b10b41f4d00
 declare -A NUM=([chat]=64 [mtbench]=40 [code]=40)
 mkdir -p "$OUT"
 if [ ! -f "$RUN/exported/config.json" ]; then
-  run python train/run.py conf=mlp_smollm2 data.features_backend=vllm "output_dir=$RUN" resume=auto
+  run python train/run.py conf=mlp_smollm2 data.features_backend=vllm \
+    ${CONVERSATIONS:+"data.num_conversations=$CONVERSATIONS"} "output_dir=$RUN" resume=auto
   run draftsmith export --format vllm --force "$RUN" "$RUN/exported"
 fi
 if [ ! -f "$RUN/exported/hybrid.json" ]; then
@@ -36,6 +39,7 @@ for w in chat mtbench code; do
   run draftsmith eval acceptance --target smollm2 --head "mlp=$RUN/exported" --hybrid mlp --methods none,ngram,suffix \
     --prompts "${PROMPTS[$w]}" --num-prompts "${NUM[$w]}" --k 3 --max-tokens 128 --batch-size 8 --out "$OUT/served_$w"
 done
+[ "${BATCH1:-1}" = 0 ] && exit 0
 HEADS=(--head "mlp=$RUN/exported" --hybrid mlp)
 [ -n "$EAGLE3" ] && HEADS+=(--head "eagle3=$EAGLE3")
 for w in chat mtbench code; do

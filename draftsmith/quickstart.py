@@ -42,7 +42,7 @@ PASSES = 3.0  # planned passes over the data: the measured hour ran 2.9 (held-ou
 # rendered tokens per ShareGPT first turn asked, held-out ones included (the shipped pool: 1.13M for 4,000 turns;
 # measured 530k for 1,873 on the first budgeted run)
 TOKENS_PER_TURN = 283
-POOL_TURNS = 4000  # first turns the shipped pool answers (more are regenerated: ~256 new tok/s here)
+POOL_TURNS = 4000  # the presets' first turns, the most a plan asks (the shipped pool answers 8,000; more regenerate)
 MIN_TURNS = 600  # fewer answers than this trained no head worth serving in the data-size A/Bs
 MIN_TRAIN_MINUTES = 5.0
 SERVE_SHARE = 0.2  # of the budget, at most, for serving: fewer prompts (not below MIN_PROMPTS) on a slow machine
@@ -219,7 +219,7 @@ def make_plan(
     Each answered turn costs its extraction once and, unless it is held out, PASSES training passes: with e and t the
     extraction and training tok/s, N tokens of which H are held out take N/e + PASSES*(N-H)/t seconds (plus
     extraction's fixed part: its start and the held-out samples' slower rate), so the data grows with the budget and
-    the clock follows it; past the shipped pool's 4,000 turns the rest goes to training minutes. A budgeted plan holds
+    the clock follows it; past the presets' 4,000 turns the rest goes to training minutes. A budgeted plan holds
     out HELDOUT conversations (at least the served prompts); --full the preset's. `hybrid`: the fit and the hybrid's
     serving come out of the budget too."""
     workloads = ["chat", "mtbench"] + (["code"] if full else [])

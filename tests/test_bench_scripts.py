@@ -34,8 +34,8 @@ ARGS_BEFORE_OUT = {**SERVE_ONLY, "quickstart_lever.sh": ["QS_OUT"]}
 NOT_OVERRIDES = {"conf", "output_dir", "resume"}  # which preset, where, and resume=auto: no setting of the run
 
 
-def dry_run(script: str, out: Path) -> list[list[str]]:
-    env = {**os.environ, "DRY": "1"}
+def dry_run(script: str, out: Path, **knobs: str) -> list[list[str]]:
+    env = {**os.environ, "DRY": "1", **knobs}
     args = [str(out / a) for a in ARGS_BEFORE_OUT.get(script, [])] + [str(out)]
     p = subprocess.run(
         ["bash", str(ROOT / "bench" / script), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
@@ -49,9 +49,13 @@ def header(script: str) -> str:
     return "\n".join(line for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith("#"))])
 
 
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_its_runs_are_the_preset_with_the_overrides_it_names(script, tmp_path):
-    runs = [argv[2:] for argv in dry_run(script, tmp_path) if argv[:2] == ["python", "train/run.py"]]
+# a harness's A/B knobs (environment variables), each run once more with them set
+KNOBS = {"mlp_hour.sh": {"CONVERSATIONS": "8000", "BATCH1": "0"}}
+
+
+@pytest.mark.parametrize("script,knobs", [(s, {}) for s in sorted(SCRIPTS)] + sorted(KNOBS.items()))
+def test_its_runs_are_the_preset_with_the_overrides_it_names(script, knobs, tmp_path):
+    runs = [argv[2:] for argv in dry_run(script, tmp_path, **knobs) if argv[:2] == ["python", "train/run.py"]]
     assert runs, f"{script} trains nothing"
     named = header(script)
     for overrides in runs:
@@ -75,3 +79,13 @@ def test_its_draftsmith_commands_parse(script, tmp_path, parse_only):  # noqa: F
         main = getattr(importlib.import_module(module), function or "main")
         with pytest.raises(Parsed):
             main(argv[1:])
+
+
+def test_mlp_hour_knobs_take_effect(tmp_path):
+    commands = dry_run("mlp_hour.sh", tmp_path, CONVERSATIONS="8000", BATCH1="0")
+    (train,) = [argv[2:] for argv in commands if argv[:2] == ["python", "train/run.py"]]
+    assert compose_config(train).data.num_conversations == 8000
+    outs = [argv[argv.index("--out") + 1] for argv in commands if "--out" in argv]
+    assert [Path(o).name for o in outs] == ["served_chat", "served_mtbench", "served_code"]  # no batch1_*
+    default = dry_run("mlp_hour.sh", tmp_path)
+    assert sum("--batch-sizes" in argv for argv in default) == 3

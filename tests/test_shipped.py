@@ -5,7 +5,6 @@ were made for the target `prepare_smollm2` builds here."""
 import hashlib
 import json
 import lzma
-import re
 
 import pytest
 
@@ -133,18 +132,18 @@ def test_the_code_pools_ask_what_this_installation_asks():
 
 @pytest.mark.slow  # reads ShareGPT (126 MB) and renders 8,000 prompts: about half a minute
 def test_the_sharegpt_pool_answers_every_first_turn_asked_here(tokenizer):
-    """The ShareGPT pool answers exactly the first turns `regen:sharegpt` asks here for the extent it names, each with
-    the prompt asked: so a fresh set-up generates nothing for any `data.num_conversations` up to that extent (two of
-    the first 4,000 asked here were missing until 2026-12-05: a preset run on a fresh machine generated them)."""
+    """The ShareGPT pool answers exactly the first turns `regen:sharegpt` asks here for the extent its manifest names
+    (`first_turns`), each with the prompt asked: so a fresh set-up generates nothing for any `data.num_conversations`
+    up to that extent (two of the first 4,000 asked here were missing until 2026-12-05: a preset run on a fresh machine
+    generated them)."""
     from draftsmith.train.data.regenerate import first_prompts
 
     (pool,) = [p for p in shipped.manifest() if p["settings"]["source"] == "sharegpt"]
     records = shipped._records(pool["file"])
-    turns = int(re.search(r"first ([\d,]+) first turns", pool["what"]).group(1).replace(",", ""))
-    prompts, too_long = first_prompts("sharegpt", turns, tokenizer, pool["settings"]["max_prompt_tokens"])
-    assert len(prompts) + too_long == turns
-    missing = [p["id"] for p in prompts if p["id"] not in records]
-    extra = sorted(set(records) - {p["id"] for p in prompts})
+    prompts, too_long = first_prompts("sharegpt", pool["first_turns"], tokenizer, pool["settings"]["max_prompt_tokens"])
+    assert len(prompts) + too_long == pool["first_turns"]
     asked = {p["id"]: p["messages"] for p in prompts}
+    missing = [i for i in asked if i not in records]
+    extra = sorted(set(records) - set(asked))
     stale = [i for i, m in asked.items() if i in records and shipped.prompt_messages(records[i]) != m]
     assert not missing and not extra and not stale, f"missing {missing[:5]}, not asked {extra[:5]}, stale {stale[:5]}"

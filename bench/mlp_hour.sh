@@ -15,7 +15,8 @@
 # per workload at batch 1 (`--batch-sizes 1`, a fresh engine per method), the MLP head and hybrid(mlp) beside
 # EAGLE3_HEAD (an exported EAGLE-3 head; none given: the MLP head alone).
 # A/B knobs, off unless set: CONVERSATIONS=N adds data.num_conversations=N (the data-size arm: the shipped pool answers
-# ShareGPT's first 8,000 first turns, so up to 8,000 costs extraction only); BATCH1=0 skips the batch-1 stage.
+# ShareGPT's first 8,000 first turns, so up to 8,000 costs extraction only); ALSO=LIST adds data.also=LIST (the sets
+# trained beside ShareGPT, e.g. ALSO='[regen:pycode:stdlib]'); BATCH1=0 skips the batch-1 stage.
 set -euo pipefail
 . "$(dirname "$0")/mlp_arms.sh"  # run (DRY=1 prints the commands)
 OUT=${1:?usage: bench/mlp_hour.sh OUT [EAGLE3_HEAD]}
@@ -27,7 +28,7 @@ declare -A NUM=([chat]=64 [mtbench]=40 [code]=40)
 mkdir -p "$OUT"
 if [ ! -f "$RUN/exported/config.json" ]; then
   run python train/run.py conf=mlp_smollm2 data.features_backend=vllm \
-    ${CONVERSATIONS:+"data.num_conversations=$CONVERSATIONS"} "output_dir=$RUN" resume=auto
+    ${CONVERSATIONS:+"data.num_conversations=$CONVERSATIONS"} ${ALSO:+"data.also=$ALSO"} "output_dir=$RUN" resume=auto
   run draftsmith export --format vllm --force "$RUN" "$RUN/exported"
 fi
 if [ ! -f "$RUN/exported/hybrid.json" ]; then

@@ -50,7 +50,7 @@ def header(script: str) -> str:
 
 
 # a harness's A/B knobs (environment variables), each run once more with them set
-KNOBS = {"mlp_hour.sh": {"CONVERSATIONS": "8000", "BATCH1": "0"}}
+KNOBS = {"mlp_hour.sh": {"CONVERSATIONS": "8000", "ALSO": "[regen:pycode:stdlib]", "BATCH1": "0"}}
 
 
 @pytest.mark.parametrize("script,knobs", [(s, {}) for s in sorted(SCRIPTS)] + sorted(KNOBS.items()))
@@ -82,9 +82,10 @@ def test_its_draftsmith_commands_parse(script, tmp_path, parse_only):  # noqa: F
 
 
 def test_mlp_hour_knobs_take_effect(tmp_path):
-    commands = dry_run("mlp_hour.sh", tmp_path, CONVERSATIONS="8000", BATCH1="0")
+    commands = dry_run("mlp_hour.sh", tmp_path, CONVERSATIONS="8000", ALSO="[regen:pycode:stdlib]", BATCH1="0")
     (train,) = [argv[2:] for argv in commands if argv[:2] == ["python", "train/run.py"]]
-    assert compose_config(train).data.num_conversations == 8000
+    data = compose_config(train).data
+    assert (data.num_conversations, list(data.also)) == (8000, ["regen:pycode:stdlib"])
     outs = [argv[argv.index("--out") + 1] for argv in commands if "--out" in argv]
     assert [Path(o).name for o in outs] == ["served_chat", "served_mtbench", "served_code"]  # no batch1_*
     default = dry_run("mlp_hour.sh", tmp_path)

@@ -2,7 +2,7 @@
 
     draftsmith quickstart                  # 45 minutes after set-up, planned from a probe of this machine
     draftsmith quickstart --budget 90      # more data and training minutes
-    draftsmith quickstart --full           # the preset as measured: 4,000 turns + code sets, 60 training minutes
+    draftsmith quickstart --full           # the preset as measured: its data (turns + code sets), 60 training minutes
     draftsmith quickstart --family peagle  # a parallel-drafting (P-EAGLE) head instead: same plan, data and clock
     draftsmith quickstart --family mlp     # an MLP speculator (IBM), served through draftsmith's vLLM plugin
     draftsmith quickstart --no-hybrid      # the head alone: no hybrid fitted or served, its minutes go to training
@@ -42,7 +42,11 @@ PASSES = 3.0  # planned passes over the data: the measured hour ran 2.9 (held-ou
 # rendered tokens per ShareGPT first turn asked, held-out ones included (the shipped pool: 1.13M for 4,000 turns;
 # measured 530k for 1,873 on the first budgeted run)
 TOKENS_PER_TURN = 283
-POOL_TURNS = 4000  # the presets' first turns, the most a plan asks (the shipped pool answers 8,000; more regenerate)
+POOL_TURNS = 4000  # eagle3_smollm2's first turns, the most a budgeted plan asks (the shipped pool answers 8,000)
+# rendered tokens per code set of a preset's data.also, for --full's extraction estimate (measured with the tokenizer:
+# stdlib 287k greedy and 303k at t=0.7, site-packages:1200 422k; an unknown set counts as a stdlib one)
+CODE_SET_TOKENS = {"regen:pycode:stdlib": 295_000, "regen:pycode:site-packages:1200": 422_000}
+SITE_PACKAGES_S = 300.0  # --full: reading site-packages for its code prompts (~4 min on 2 cores)
 MIN_TURNS = 600  # fewer answers than this trained no head worth serving in the data-size A/Bs
 MIN_TRAIN_MINUTES = 5.0
 SERVE_SHARE = 0.2  # of the budget, at most, for serving: fewer prompts (not below MIN_PROMPTS) on a slow machine
@@ -205,6 +209,17 @@ def fit_seconds(rates: Rates, max_tokens: int) -> float:
     return answers + HYBRID_FIT * max_tokens * FIT_S_PER_POSITION * FIT_PROBE / rates.forward_tok_s
 
 
+def full_data(preset: str) -> tuple[int, float, bool]:
+    """--full's data as `preset` stands: its ShareGPT first turns, their rendered tokens with its code sets'
+    (estimated, for extraction's ETA), and whether a code set reads site-packages."""
+    from draftsmith.train.config import compose_config
+
+    data = compose_config([f"conf={preset}"]).data
+    sets = [s if isinstance(s, str) else s.path for s in data.also]
+    tokens = data.num_conversations * TOKENS_PER_TURN + sum(CODE_SET_TOKENS.get(s, 295_000) for s in sets)
+    return data.num_conversations, tokens, any("site-packages" in s for s in sets)
+
+
 def make_plan(
     budget_min: float,
     rates: Rates,
@@ -213,6 +228,7 @@ def make_plan(
     max_tokens: int,
     full: bool = False,
     hybrid: bool = False,
+    preset: str = PRESET,
 ) -> Plan:
     """Split `budget_min` (minus what is spent already) between extraction, training and serving.
 
@@ -220,8 +236,8 @@ def make_plan(
     extraction and training tok/s, N tokens of which H are held out take N/e + PASSES*(N-H)/t seconds (plus
     extraction's fixed part: its start and the held-out samples' slower rate), so the data grows with the budget and
     the clock follows it; past the presets' 4,000 turns the rest goes to training minutes. A budgeted plan holds
-    out HELDOUT conversations (at least the served prompts); --full the preset's. `hybrid`: the fit and the hybrid's
-    serving come out of the budget too."""
+    out HELDOUT conversations (at least the served prompts); --full the preset's, and its data as it stands (`preset`'s
+    first turns and code sets). `hybrid`: the fit and the hybrid's serving come out of the budget too."""
     workloads = ["chat", "mtbench"] + (["code"] if full else [])
     if not full:  # a slow machine serves fewer prompts rather than train less: serving gets at most SERVE_SHARE
         starts = sum(serve_seconds(workloads, 0, max_tokens, hybrid))  # engine starts alone
@@ -232,9 +248,9 @@ def make_plan(
     baselines, serve = serve_seconds(workloads, num_prompts, max_tokens, hybrid)
     fit = {"hybrid": fit_seconds(rates, max_tokens)} if hybrid else {}
     if full:  # the preset as measured: its data (all sets) and its 60 minutes, whatever they take here
-        tokens = 2_150_000
+        turns, tokens, site_packages = full_data(preset)
         stages = {
-            "data": DATA_S + 300,  # + reading site-packages for the code prompts (~4 min on 2 cores)
+            "data": DATA_S + SITE_PACKAGES_S * site_packages,
             "extract": rates.extract_s(tokens, PRESET_HELDOUT),
             "baselines": baselines,
             "train": 3600 + TRAIN_OVERHEAD_S,
@@ -242,7 +258,7 @@ def make_plan(
             **fit,
             "serve": serve,
         }
-        return Plan(None, POOL_TURNS, True, 60.0, num_prompts, workloads, stages, hybrid=hybrid)
+        return Plan(None, turns, True, 60.0, num_prompts, workloads, stages, hybrid=hybrid)
     heldout = max(HELDOUT, num_prompts)
     fixed = DATA_S + rates.extract_fixed_s(heldout) + baselines + TRAIN_OVERHEAD_S + EXPORT_S + serve
     fixed += sum(fit.values())
@@ -552,7 +568,9 @@ def main(argv: list[str]) -> int:
 
     def new_plan() -> Plan:
         spent = sum(stages.spent.values())
-        return make_plan(args.budget, rates, spent, args.num_prompts, args.max_tokens, args.full, args.hybrid)
+        return make_plan(
+            args.budget, rates, spent, args.num_prompts, args.max_tokens, args.full, args.hybrid, preset
+        )  # fmt: skip
 
     try:
         plan = new_plan() if args.plan_only else load_or_plan(out, key, new_plan)

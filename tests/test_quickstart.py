@@ -67,6 +67,21 @@ def test_full_is_the_preset_as_measured():
     assert cfg.data.heldout == qs.PRESET_HELDOUT == plan.heldout  # the planner's copy of the preset's held-out count
 
 
+def test_full_takes_the_family_presets_own_data():
+    from draftsmith.train.config import compose_config
+
+    preset = compose_config(["conf=mlp_smollm2"]).data
+    plan = qs.make_plan(45, FAST, 40.0, 32, 128, full=True, preset="mlp_smollm2")
+    assert plan.conversations == preset.num_conversations != qs.POOL_TURNS  # not eagle3_smollm2's 4,000
+    cfg = compose_config(plan.overrides(qs.Path("/tmp/qs"), [], "mlp_smollm2"))
+    assert (cfg.data.num_conversations, list(cfg.data.also)) == (preset.num_conversations, list(preset.also))
+    # the extraction estimate against what the hours extracted: eagle3_smollm2's data 2.14M tokens
+    # (bench/results/2026-12-04/mlp_hour_epyc), mlp_smollm2's 2.04M (2026-12-05/mlp_hour_6000_stdlib)
+    for name, measured in (("eagle3_smollm2", 2_140_000), ("mlp_smollm2", 2_040_003)):
+        assert abs(qs.full_data(name)[1] / measured - 1) < 0.05, name
+    assert qs.full_data("eagle3_smollm2")[2] and not qs.full_data("mlp_smollm2")[2]  # reads site-packages or not
+
+
 RECORDS = Path(__file__).resolve().parents[1] / "bench" / "results"
 # budgeted quickstart runs committed with their probe, plan and stage times; the features backend each extracted with
 MEASURED = {

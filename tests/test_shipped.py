@@ -112,8 +112,9 @@ def test_the_package_pools_are_intact_and_keyed_to_the_prepared_target(smollm2_d
 @pytest.mark.slow  # reads every installed .py file: about a minute on 2 cores
 def test_the_code_pools_ask_what_this_installation_asks():
     """Every answer of a shipped pycode: pool is taken on a fresh `make setup`: its prompts are the ones the source
-    gives here, in full. A new dependency that reorders the source (as one seeded shuffle over site-packages did)
-    fails here instead of costing every new user an hour of regeneration."""
+    gives here, in full. A new dependency that reorders the source (as one seeded shuffle over site-packages did), or a
+    new release of one (fonttools 4.69 documented a function before the set-up pinned every version in
+    scripts/constraints.txt), fails here instead of costing every new user regeneration."""
     from draftsmith.train.data.code_prompts import pycode_records
 
     for pool in shipped.manifest():

@@ -28,11 +28,12 @@ import sys
 import time
 from pathlib import Path
 
+from draftsmith.adapt_work import RECORD, check_claimable, claim, forget
+from draftsmith.argtypes import positive_float, positive_int
 from draftsmith.errors import ConfigError, DataError
 
 NOT_PROMOTED = 3
 WORKLOADS = ("traffic", "chat", "mtbench")
-MARKER = "adapt.json"  # in WORK: what this adapt run did, and what --forget deletes
 
 
 # ---------------------------------------------------------------- HEAD and the run config
@@ -40,9 +41,7 @@ MARKER = "adapt.json"  # in WORK: what this adapt run did, and what --forget del
 
 def head_run(head: str) -> tuple[Path, Path, dict]:
     """(run dir, checkpoint, saved config) of HEAD: a training run's output_dir or one of its checkpoints."""
-    import yaml
-
-    from draftsmith.train.checkpoint import resolve_checkpoint
+    from draftsmith.train.checkpoint import read_run_config, resolve_checkpoint
 
     path = Path(head)
     if (path / "draftsmith.json").is_file():
@@ -55,7 +54,7 @@ def head_run(head: str) -> tuple[Path, Path, dict]:
     config = run / "config.yaml"
     if not config.is_file():
         raise ConfigError(f"{run}: no config.yaml beside its checkpoints; adapt needs the run's saved config")
-    return run, ckpt, yaml.safe_load(config.read_text())
+    return run, ckpt, read_run_config(config)
 
 
 def hydra_value(v) -> str:
@@ -373,28 +372,6 @@ def plot_report(rows: dict, gains: dict, path: Path) -> None:
 # ---------------------------------------------------------------- forget
 
 
-def forget(work: Path) -> int:
-    """Delete WORK and every cache entry made from its traffic (prepared data, features)."""
-    marker = work / MARKER
-    if not marker.is_file():
-        raise ConfigError(f"{work}: not a draftsmith adapt work directory (no {MARKER}); nothing deleted")
-    record = json.loads(marker.read_text())
-    gone = []
-    for p in record.get("private_paths", []):
-        p = Path(p)
-        if p.is_dir():
-            shutil.rmtree(p)
-            gone.append(str(p))
-        elif p.exists():
-            p.unlink()
-            gone.append(str(p))
-    shutil.rmtree(work)
-    print(f"adapt: deleted {work} (the traffic, the target's answers, the run, the judge's outputs)")
-    for p in gone:
-        print(f"adapt: deleted {p} (made from the traffic)")
-    return 0
-
-
 def traffic_sha1(prompts: list[dict]) -> str:
     return hashlib.sha1("\n".join(p["id"] for p in prompts).encode()).hexdigest()
 
@@ -402,7 +379,7 @@ def traffic_sha1(prompts: list[dict]) -> str:
 def continue_record(work: Path, record: dict) -> dict:
     """`record` for WORK, keeping the cache entries an earlier run there recorded; refused when that run adapted
     another checkpoint or other traffic (its answers and run would mix in)."""
-    path = work / MARKER
+    path = work / RECORD
     if not path.is_file():
         return record
     old = json.loads(path.read_text())
@@ -417,9 +394,9 @@ def continue_record(work: Path, record: dict) -> dict:
 
 def private_paths(run_dir: Path) -> list[str]:
     """The cache entries the adapted run made from the traffic: its features and its prepared data."""
-    import yaml
+    from draftsmith.train.checkpoint import read_run_config
 
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+    cfg = read_run_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else {}
     out = []
     features = ((cfg or {}).get("data") or {}).get("features_dir")
     if features:
@@ -448,7 +425,7 @@ def parser() -> argparse.ArgumentParser:
         "<out>.previous when replaced; never touched when it loses)",
     )
     p.add_argument("--work", help="working directory (default: <HEAD>-adapt)")
-    p.add_argument("--minutes", type=float, default=15.0, help="training minutes on the clock (default 15)")
+    p.add_argument("--minutes", type=positive_float, default=15.0, help="training minutes on the clock (default 15)")
     p.add_argument(
         "--replay",
         type=float,
@@ -477,9 +454,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="judged on (default traffic,chat,mtbench)")
     p.add_argument("--baselines", action="store_true", help="also serve ngram and suffix (for the report)")
-    p.add_argument("--num-prompts", type=int, default=32, help="prompts judged per workload (default 32)")
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
-    p.add_argument("--k", type=int, default=3, help="speculative tokens per step (default 3)")
+    p.add_argument("--num-prompts", type=positive_int, default=32, help="prompts judged per workload (default 32)")
+    p.add_argument("--max-tokens", type=positive_int, default=128, help="tokens generated per prompt (default 128)")
+    p.add_argument("--k", type=positive_int, default=3, help="speculative tokens per step (default 3)")
     p.add_argument(
         "--max-prompt-tokens",
         type=int,
@@ -495,8 +472,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--show-prompts", action="store_true", help="quote held-out traffic prompts in the report")
     p.add_argument(
-        "--forget", metavar="WORK", help="delete WORK and the cached data and features made from its traffic"
+        "--forget",
+        metavar="WORK",
+        help="delete WORK and the cached data and features made from its traffic (only what adapt made: each path is "
+        "checked first)",
     )
+    p.add_argument("--dry-run", action="store_true", help="with --forget: list what would be deleted, delete nothing")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for the adapted run, e.g. optim.lr=1e-3")
     return p
 
@@ -504,7 +485,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = parser().parse_intermixed_args(argv)
     if args.forget:
-        return forget(Path(args.forget))
+        return forget(Path(args.forget), dry_run=args.dry_run)
     missing = [f for f, v in (("HEAD", args.head), ("--traffic", args.traffic), ("--out", args.out)) if not v]
     if missing:
         raise ConfigError(f"draftsmith adapt needs {', '.join(missing)} (draftsmith adapt --help)")
@@ -519,7 +500,7 @@ def main(argv: list[str]) -> int:
     t_start = time.time()
     run, ckpt, saved = head_run(args.head)
     work = Path(args.work or f"{run.resolve()}-adapt")
-    work.mkdir(parents=True, exist_ok=True)
+    check_claimable(work)  # a WORK holding someone else's files is refused before anything is read or made
     spent: dict[str, float] = {}
 
     from transformers import AutoTokenizer
@@ -565,6 +546,7 @@ def main(argv: list[str]) -> int:
         "private_paths": [],
     }
     record = continue_record(work, record)  # refused here, before anything in WORK is rewritten
+    record["owner"] = claim(work)  # WORK made (only now: a refused run leaves none) and marked as adapt's
     atomic_write(work / "traffic_train.jsonl", jsonl(train_prompts))
     atomic_write(work / "traffic_heldout.jsonl", jsonl(held))
     head_heldout = run / "heldout_prompts.jsonl"
@@ -572,7 +554,7 @@ def main(argv: list[str]) -> int:
         shutil.copy2(head_heldout, work / "head_heldout.jsonl")
     else:
         (work / "head_heldout.jsonl").write_text("")
-    atomic_write_json(work / MARKER, record)
+    atomic_write_json(work / RECORD, record)
     print(f"adapt: {len(train_prompts)} traffic prompts to train on, {len(held)} held out for judging; work dir {work}")
 
     # the target's answers to the traffic (resumable; kept in WORK only)
@@ -609,7 +591,7 @@ def main(argv: list[str]) -> int:
     code = run_child([sys.executable, "-m", "draftsmith.train.run", *overrides])
     spent["prepare+train"] = round(time.time() - t0, 1)
     record["private_paths"] = sorted(set(record["private_paths"]) | set(private_paths(work / "run")))
-    atomic_write_json(work / MARKER, record)
+    atomic_write_json(work / RECORD, record)
     if code:
         print(
             f"draftsmith adapt: training stopped (exit status {code}); nothing was promoted and {args.out} is as "

@@ -62,9 +62,20 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     try:
         yield tmp
+        readable(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def readable(root: Path) -> None:
+    """Give `root` and everything in it the umask's permissions, as mkdir and open would (mkdtemp makes 0700, which a
+    server running as another user cannot read)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)

@@ -8,6 +8,7 @@ draftsmith regenerate --out regen.jsonl    # the target's own answers as trainin
 draftsmith extract --out DIR conf=NAME     # target features once, as shards (data.features=offline)
 draftsmith quickstart                      # the README's main job, end to end
 draftsmith adapt RUN --traffic F --out DIR  # fit a head to its traffic, promoted only when it wins
+draftsmith serve exported/eagle3_smollm2   # vLLM's OpenAI server with the head (and its hybrid), as measured
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ VERBS = {
     "regenerate": (
         "draftsmith.train.data.regenerate",
         "re-answer a dataset's first user turns with the target (vLLM or HF), resumable",
+    ),
+    "serve": (
+        "draftsmith.serve.cli",
+        "vLLM's OpenAI server with an exported head (and its hybrid), as measured (`draftsmith serve --help`)",
     ),
     "quickstart": (
         "draftsmith.quickstart",

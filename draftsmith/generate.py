@@ -5,7 +5,7 @@
     outs = cached_generate(target, prompts, 256, 0.0, 0, cache_dir=cache_dir() / "generated")
 
 `generate` returns one list of new token ids per prompt (ending with the eos token when the target
-stopped). vLLM runs in its own process (`draftsmith.vllm_runner`, no speculation), so an engine
+stopped). vLLM runs in its own process (`draftsmith.serve.runner`, no speculation), so an engine
 never shares memory or OpenMP threads with a training process. `cached_generate` stores the result
 under a key of (target weights, prompts, settings) and writes it atomically: a resumed run reads it back.
 """
@@ -75,7 +75,7 @@ def iter_vllm(
     threads = threads or default_threads()
     from transformers import AutoConfig
 
-    from draftsmith.vllm_runner import parse_event
+    from draftsmith.serve.runner import parse_event
 
     longest = max(map(len, prompts)) + max_tokens + 1
     limit = getattr(AutoConfig.from_pretrained(target_path), "max_position_embeddings", None) or longest
@@ -103,7 +103,7 @@ def iter_vllm(
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
         log = Path(log_path) if log_path else Path(tmp) / "log"
-        cmd = [sys.executable, "-m", "draftsmith.vllm_runner", str(job_path), str(result_path)]
+        cmd = [sys.executable, "-m", "draftsmith.serve.runner", str(job_path), str(result_path)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
         try:
             with open(log, "w", encoding="utf-8") as f:

@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from draftsmith.argtypes import positive_float, positive_int
+
 PRESET = "eagle3_smollm2"
 # --family: the preset each head family's quickstart trains (the plan, data and clock are the same)
 PRESETS = {"eagle3": "eagle3_smollm2", "peagle": "peagle_smollm2", "mlp": "mlp_smollm2"}
@@ -92,7 +94,7 @@ SERVE_METHODS = ("none", "ngram", "suffix")
 # in vLLM at the served length), and hybrid(head)'s served tok/s over no speculation's at batch 8 (0.87 against the
 # head's 0.65 on the 2-core EPYC: suffix's steps cost less than the head's chain, which the policy skips on some)
 HYBRID_FIT = 24
-HYBRID_FAMILIES = ("eagle3", "mlp")  # the heads draftsmith.vllm_hybrid serves
+HYBRID_FAMILIES = ("eagle3", "mlp")  # the heads draftsmith.serve.hybrid serves
 HYBRID_SERVE_SPEED = 0.75
 # the fit's seconds before its answers (reading ShareGPT, loading target and head), and per answer position at the
 # probe's forward rate FIT_PROBE (the target's forward, suffix's and ngram's proposals at every position, the head's
@@ -508,7 +510,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default="outputs/quickstart", help="run directory (default: outputs/quickstart)")
     p.add_argument(
         "--budget",
-        type=float,
+        type=positive_float,
         default=DEFAULT_BUDGET,
         help=f"minutes for everything after set-up (default {DEFAULT_BUDGET:g}); the plan fits data, training and "
         "serving into it from a probe of this machine",
@@ -533,16 +535,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "configuration that beat the best training-free method on every machine class measured, the slow AVX2 one "
         "included); --no-hybrid serves the head alone and gives the fit's minutes to training",
     )
-    p.add_argument("--num-prompts", type=int, default=32, help="prompts served per workload and method (default 32)")
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt (default 128)")
-    p.add_argument("--k", type=int, default=3, help="speculative tokens per step when serving (default 3)")
+    p.add_argument(
+        "--num-prompts", type=positive_int, default=32, help="prompts served per workload and method (default 32)"
+    )
+    p.add_argument("--max-tokens", type=positive_int, default=128, help="tokens generated per prompt (default 128)")
+    p.add_argument("--k", type=positive_int, default=3, help="speculative tokens per step when serving (default 3)")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for training, e.g. head.ttt_steps=3")
     args = p.parse_args(argv)
-    if args.hybrid is None:  # the default: the hybrid wherever draftsmith.vllm_hybrid serves the family
+    if args.hybrid is None:  # the default: the hybrid wherever draftsmith.serve.hybrid serves the family
         args.hybrid = args.family in HYBRID_FAMILIES
     elif args.hybrid and args.family not in HYBRID_FAMILIES:
         p.error(f"--hybrid serves an EAGLE-3 head or an MLP speculator with suffix and ngram; not --family "
-                f"{args.family} (draftsmith.vllm_hybrid serves those two)")  # fmt: skip
+                f"{args.family} (draftsmith.serve.hybrid serves those two)")  # fmt: skip
     return args
 
 
@@ -663,7 +667,8 @@ def main(argv: list[str]) -> int:
     def export() -> int:
         from draftsmith.cli import main as cli
 
-        return cli(["export", "--format", "vllm", str(out), str(exported)])
+        # recorded at the k it is measured and its hybrid fitted at, so `draftsmith serve` serves that k
+        return cli(["export", "--format", "vllm", str(out), str(exported), "--k", str(args.k)])
 
     if stages.run("export", f"6/{n} export for vLLM", export) != 0:
         return 1
@@ -690,6 +695,8 @@ def main(argv: list[str]) -> int:
     verdict = "within" if plan.budget_min is None or spent_total <= 60 * plan.budget_min else "OVER"
     budget = "" if plan.budget_min is None else f" of the {plan.budget_min:g}-minute budget ({verdict})"
     print(f"total {fmt_min(spent_total)}{budget}; results: {out}/quickstart.json")
+    what = "the head with its hybrid" if fitted else "the head"
+    print(f"serve {what} as measured (vLLM's OpenAI server, k={args.k}): draftsmith serve {exported}")
     return 0
 
 

@@ -29,6 +29,9 @@ from draftsmith.errors import DataError
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 LOG_BODY = re.compile(r"Request (\S+) JSON body: (.*)$")
+# a line of a vLLM (or any Python logging) server log: "INFO 12-06 07:49:18 [file.py:12] ...", "(APIServer pid=7) INFO
+# ...", "2026-12-06 07:49:18,123 - INFO - ...", "INFO:     127.0.0.1:5000 - "POST ..." (uvicorn)
+LOG_LINE = re.compile(r"^(\(\w+ pid=\d+\) )?((DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|\d{4}-\d\d-\d\d[ T]\d\d:\d\d)")
 SHOWN_PROBLEMS = 20  # problem lines printed in full; the rest are counted
 
 
@@ -143,8 +146,11 @@ def _records(path: Path):
         for i, rec in enumerate(records):
             yield rec, f"{path}[{i}]"
         return
-    log = first != "{" and any(LOG_BODY.search(line) for line in text.splitlines())
-    for n, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    # a server log, with request bodies or without (then every line is passed over and read_traffic says how to log
+    # them), never read line by line as JSON
+    log = first != "{" and any(LOG_BODY.search(line) or LOG_LINE.match(line) for line in lines)
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{path}:{n}"
@@ -200,7 +206,9 @@ def read_traffic(
             traffic.prompts.append({"id": pid, "messages": messages, "where": where, "tokens": tokens})
     if traffic.records == 0:
         hint = (
-            " (a vLLM log without request bodies: start vLLM with --enable-log-requests --log-level DEBUG)"
+            f" ({plural(traffic.log_lines_without_body, 'log line')}, none with a request body: a vLLM server logs "
+            "request bodies only when started with --enable-log-requests --log-level DEBUG; restart it so, collect "
+            "the traffic again and pass that log; --skip-invalid cannot recover what was never logged)"
             if traffic.log_lines_without_body
             else ""
         )

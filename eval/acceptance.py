@@ -5,8 +5,8 @@ r"""Served acceptance: every method in real vLLM speculative decoding on the sam
 
 Methods: `none` (no speculation: reference outputs and speed), `ngram` (prompt lookup), `suffix`
 (suffix decoding, arctic-inference) and one per exported head: EAGLE-3, or an MLP speculator (served
-through vLLM's custom_class proposer, `draftsmith.vllm_plugin`). Each runs in its own child
-process (`draftsmith.vllm_runner`) on the same token ids, rendered once here with the target's
+through vLLM's custom_class proposer, `draftsmith.serve.plugin`). Each runs in its own child
+process (`draftsmith.serve.runner`) on the same token ids, rendered once here with the target's
 chat template. Figures come from vLLM's own counters, differenced around the timed generation:
 
     per-position acceptance[i] = accepted_per_pos[i] / num_drafts
@@ -34,7 +34,8 @@ from importlib import metadata
 from pathlib import Path
 
 from draftsmith.eval.prompts import load_prompts, render_prompts
-from draftsmith.vllm_runner import HYBRID_KEYS, counter_sum, parse_event
+from draftsmith.serve.recipe import check_schedule, head_method, head_speculative_config
+from draftsmith.serve.runner import HYBRID_KEYS, counter_sum, parse_event
 
 BASELINES = ("none", "ngram", "suffix")
 ENGINE_DEFAULTS = {
@@ -74,72 +75,6 @@ ENGINE_DEFAULTS = {
 }
 
 
-class ScheduleError(ValueError):
-    """A k schedule vLLM would read differently from what its author meant (gaps, overlaps, k above --k)."""
-
-
-def check_schedule(schedule, k: int, max_num_seqs: int | None = None) -> list[list[int]]:
-    """[[lo, hi, k_i], ...] as vLLM's num_speculative_tokens_per_batch_size, checked: ranges from 1, contiguous,
-    inclusive, each k_i in 0..k. vLLM itself fills a gap with the range before it and caps k_i at k silently."""
-    where = f"k schedule {json.dumps(schedule)}"
-    if not isinstance(schedule, list) or not schedule:
-        raise ScheduleError(f"{where}: expected a non-empty list of [first batch size, last batch size, k]")
-    rows = []
-    for entry in schedule:
-        if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and all(isinstance(x, int) for x in entry)):
-            raise ScheduleError(f"{where}: entry {entry!r} is not [first, last, k] of integers")
-        lo, hi, kk = entry
-        if not 1 <= lo <= hi:
-            raise ScheduleError(f"{where}: range {lo}..{hi} must satisfy 1 <= first <= last")
-        if not 0 <= kk <= k:
-            raise ScheduleError(f"{where}: k={kk} for batch sizes {lo}..{hi} is outside 0..{k} (--k is the most)")
-        rows.append([lo, hi, kk])
-    rows.sort()
-    expect = 1
-    for lo, hi, _ in rows:
-        if lo < expect:
-            raise ScheduleError(f"{where}: batch sizes {lo}..{min(hi, expect - 1)} are in two ranges (overlap)")
-        if lo > expect:
-            raise ScheduleError(
-                f"{where}: batch sizes {expect}..{lo - 1} are in no range (a gap; vLLM would use "
-                "the range before it, which is not what the schedule says)"
-            )
-        expect = hi + 1
-    if max_num_seqs and rows[-1][1] < max_num_seqs:
-        rows[-1][1] = max_num_seqs  # the last range covers every batch the engine can run
-    return rows
-
-
-def read_schedule(text: str) -> list:
-    """--k-schedule: a JSON list, or a file holding one (a schedule.json written by `draftsmith eval schedule`
-    holds it under "num_speculative_tokens_per_batch_size")."""
-    path = Path(text)
-    raw = path.read_text() if path.is_file() else text
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ScheduleError(f"--k-schedule {text!r}: not JSON ({e.msg}) and no such file") from None
-    return value.get("num_speculative_tokens_per_batch_size") if isinstance(value, dict) else value
-
-
-def head_method(head_dir: str) -> str:
-    """vLLM's method name for an exported head dir (speculators `speculators_model_type`, else eagle3)."""
-    cfg_path = Path(head_dir) / "config.json"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"head {head_dir}: no config.json (expected an exported EAGLE-3 directory)")
-    cfg = json.loads(cfg_path.read_text())
-    if cfg.get("model_type") == "mlp_speculator":
-        return "mlp_speculator"  # served by our custom_class proposer (vLLM V1 has no such method)
-    # vLLM infers the method only when the head itself is served as the model; given as the draft
-    # `model` next to a target, an unset method means "draft_model" (a full LM), so name it here.
-    method = cfg.get("speculators_model_type", "eagle3")
-    if method not in ("eagle3", "eagle", "peagle"):
-        raise ValueError(f"head {head_dir}: speculators_model_type {method!r} is not an EAGLE head")
-    if method == "peagle" or cfg.get("mask_token_id") is not None:
-        return "peagle"  # served as eagle3 with parallel_drafting (speculative_config)
-    return method
-
-
 def check_parallel_drafting(name: str, head_dir: str, wanted: bool) -> None:
     """Refuse to serve a head in the drafting mode it was not trained for (both load in vLLM and serve wrongly)."""
     method = head_method(str(Path(head_dir).resolve()))
@@ -173,15 +108,7 @@ def speculative_config(name: str, k: int, heads: dict[str, str], ngram_min: int,
     if name == "suffix":
         # suffix decoding proposes up to k tokens (a tree walk of dynamic length)
         return {"method": "suffix", "num_speculative_tokens": k}
-    head_dir = str(Path(heads[name]).resolve())
-    method = head_method(head_dir)
-    if method == "mlp_speculator":
-        from draftsmith.vllm_plugin import speculative_kwargs
-
-        return speculative_kwargs(head_dir, k)["speculative_config"]
-    if method == "peagle":  # one draft forward for all k tokens (vLLM reads mask_token_id and mask_hidden)
-        return {"method": "eagle3", "model": head_dir, "num_speculative_tokens": k, "parallel_drafting": True}
-    return {"method": method, "model": head_dir, "num_speculative_tokens": k}
+    return head_speculative_config(heads[name], k)
 
 
 def _hybrid_stats_path(runs_dir: Path, name: str) -> Path:
@@ -198,7 +125,7 @@ def head_engine_kwargs(
     """Extra LLM(...) arguments a head needs: an MLP speculator's directory travels in additional_config, and so
     does a hybrid's policy (with the file its per-source counts go to)."""
     if hybrid_of and name in hybrid_of:
-        from draftsmith.vllm_hybrid import hybrid_kwargs
+        from draftsmith.serve.hybrid import hybrid_kwargs
 
         head = hybrid_of[name]
         stats = str(_hybrid_stats_path(runs_dir, name)) if runs_dir else None
@@ -206,7 +133,7 @@ def head_engine_kwargs(
         return {"additional_config": kw["additional_config"]}
     if name not in heads or head_method(str(Path(heads[name]).resolve())) != "mlp_speculator":
         return {}
-    from draftsmith.vllm_plugin import speculative_kwargs
+    from draftsmith.serve.plugin import speculative_kwargs
 
     return {"additional_config": speculative_kwargs(heads[name])["additional_config"]}
 
@@ -288,7 +215,7 @@ def _run_child(name: str, job: dict, runs_dir: Path, env: dict, timeout_s: float
     job_path.write_text(json.dumps(job))
     result_path.unlink(missing_ok=True)
     (runs_dir / f"{name}.served.json").unlink(missing_ok=True)  # a reusable result is only one that finished
-    cmd = [sys.executable, "-m", "draftsmith.vllm_runner", str(job_path), str(result_path)]
+    cmd = [sys.executable, "-m", "draftsmith.serve.runner", str(job_path), str(result_path)]
     say = progress.console.print
     done_before = progress.tasks[task].completed
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
@@ -409,14 +336,14 @@ def run_acceptance(
 
     hybrids: head names also served as `hybrid(NAME)`: the head (vLLM's EAGLE-3 drafter, or an MLP speculator in
     draftsmith's plugin) with suffix decoding and prompt lookup, chosen per request and step by the policy fitted
-    next to the head (`draftsmith.vllm_hybrid`); a dict maps each to a role its choice is pinned to (None: the
+    next to the head (`draftsmith.serve.hybrid`); a dict maps each to a role its choice is pinned to (None: the
     policy's), for contract tests."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoConfig, AutoTokenizer
 
     from draftsmith.assets import resolve_target
-    from draftsmith.eval.head_check import check_head_for_target
+    from draftsmith.eval.head_check import check_depth, check_head_for_target
 
     unknown = set(engine) - set(ENGINE_DEFAULTS)
     if unknown:
@@ -462,7 +389,7 @@ def run_acceptance(
     names = list(dict.fromkeys([*methods, *heads, *hybrid_of]))
     if not names:
         raise ValueError("nothing to run: give methods and/or heads")
-    from draftsmith.vllm_hybrid import hybrid_kwargs
+    from draftsmith.serve.hybrid import hybrid_kwargs
 
     spec = {
         n: hybrid_kwargs(heads[hybrid_of[n]], k)["speculative_config"]
@@ -479,8 +406,10 @@ def run_acceptance(
     target = resolve_target(str(target))
     prompts = load_prompts(prompts_path, num_prompts)
     target_config = AutoConfig.from_pretrained(target)
-    for head_dir in heads.values():  # before any engine: vLLM serves a head made for another target without a word
+    depth_warnings = []
+    for name, head_dir in heads.items():  # before any engine: vLLM serves a head made for another target silently
         check_head_for_target(head_dir, target, target_config)
+        depth_warnings.append(check_depth(head_dir, k, name))
     tokenizer = AutoTokenizer.from_pretrained(target)
     if settings["chat_template_kwargs"]:
         from draftsmith.train.data.render import TemplateOptions, set_template_options
@@ -488,7 +417,7 @@ def run_acceptance(
         set_template_options(tokenizer, TemplateOptions.of(settings["chat_template_kwargs"]))
     prompt_ids = render_prompts(tokenizer, prompts)
     if force:  # as the matrix does: a hybrid is never judged on prompts its policy was fitted on
-        from draftsmith.eval.hybrid import HybridPolicies
+        from draftsmith.serve.policy import HybridPolicies
 
         for h in force:
             HybridPolicies.load(heads[h]).check_disjoint(prompt_ids, f"{prompts_path} for hybrid({h})")
@@ -516,6 +445,8 @@ def run_acceptance(
         f"[bold]acceptance[/]: {len(prompts)} prompts from {prompts_path}, k={k}, "
         f"max_tokens={max_tokens}, methods: {', '.join(names)}"
     )
+    for warning in filter(None, depth_warnings):
+        console.print(warning, markup=False)
     children: dict[str, dict] = {}
     versions = engine_versions()  # what a reused result must have been served under, and the report's
     cells: dict[str, dict[int, list[dict]]] = {n: {} for n in names}  # a sweep: method -> batch size -> rounds

@@ -19,6 +19,9 @@ temperature, served and reference decoder, report and plots; `draftsmith eval ma
     draftsmith eval acceptance --target smollm2 --head mine=outputs/quickstart \
         --workloads chat=outputs/quickstart/heldout_prompts.jsonl,mtbench,code --ks 1-7 --temperatures 0,1 \
         --num-prompts 16 --out runs/matrix
+
+A running server (draftsmith serve, or any vLLM server) is measured over HTTP by `draftsmith eval live --server URL`
+(`draftsmith eval live --help`).
 """
 
 from __future__ import annotations
@@ -26,16 +29,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from draftsmith.argtypes import positive_int
 from draftsmith.eval.acceptance import (
     BASELINES,
     ENGINE_DEFAULTS,
-    ScheduleError,
-    read_schedule,
     result_cells,
     run_acceptance,
 )
 from draftsmith.eval.args import head_arg, json_object, methods_arg
 from draftsmith.eval.prompts import PromptFileError
+from draftsmith.serve.recipe import ScheduleError, read_schedule
 
 
 def rich_table(result: dict):
@@ -101,9 +104,9 @@ def acceptance(argv: list[str]) -> int:
         help=f"comma-separated built-in methods (default {','.join(BASELINES)}; '' for heads only)",
     )
     p.add_argument("--prompts", required=True, help="JSONL of {messages}|{prompt}|{turns}|{question}")
-    p.add_argument("--num-prompts", type=int, default=None, help="the first N prompts (default: all)")
-    p.add_argument("--k", type=int, default=3, help="speculative tokens per step")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--num-prompts", type=positive_int, default=None, help="the first N prompts (default: all)")
+    p.add_argument("--k", type=positive_int, default=3, help="speculative tokens per step")
+    p.add_argument("--max-tokens", type=positive_int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default=ENGINE_DEFAULTS["dtype"], choices=["float32", "bfloat16", "float16", "auto"])
@@ -256,14 +259,21 @@ def fit_hybrid(argv: list[str]) -> int:
     return fit_main(argv)
 
 
-COMMANDS = {"acceptance": acceptance, "matrix": matrix, "schedule": schedule, "fit-hybrid": fit_hybrid}
+def live(argv: list[str]) -> int:
+    """`draftsmith eval live`: a running vLLM server measured over HTTP (latency, throughput, /metrics acceptance)."""
+    from draftsmith.eval.live import main as live_main
+
+    return live_main(argv)
+
+
+COMMANDS = {"acceptance": acceptance, "matrix": matrix, "schedule": schedule, "fit-hybrid": fit_hybrid, "live": live}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(
-            "usage: draftsmith eval {acceptance,matrix,schedule,fit-hybrid} [--help] ...\n\n" + (__doc__ or ""),
+            "usage: draftsmith eval {acceptance,matrix,schedule,fit-hybrid,live} [--help] ...\n\n" + (__doc__ or ""),
             file=sys.stderr,
         )
         return 0 if argv and argv[0] in ("-h", "--help") else 2

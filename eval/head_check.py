@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
+from draftsmith.serve.recipe import exported_depth
 from draftsmith.train.checkpoint import CheckpointError, check_head_fits_target, nonfinite
 from draftsmith.train.heads import families
 
@@ -83,6 +84,23 @@ def exported_family(head_dir: str | os.PathLike) -> str:
         return recorded
     model_type = _read_json(head_dir / "config.json").get("model_type")
     return "mlp_speculator" if model_type == "mlp_speculator" else families.UNRECORDED
+
+
+def check_depth(head_dir: str | os.PathLike, k: int, name: str) -> str | None:
+    """A warning when k runs past the draft length the head was made for (None when it does not); an MLP speculator,
+    which has one stage per position, is refused."""
+    depth = exported_depth(head_dir)
+    if not depth or k <= depth:
+        return None
+    if _read_json(Path(head_dir) / "config.json").get("model_type") == "mlp_speculator":
+        raise CheckpointError(
+            f"--k {k}: the MLP speculator {name} ({head_dir}) has {depth} stages, one per drafted position; "
+            f"serve it at k <= {depth}"
+        )
+    return (
+        f"warning: --k {k} is past the depth {name} was made for (k={depth}, {head_dir}): positions {depth + 1}..{k} "
+        "draft from inputs it never trained on and accept little; its k schedule or k <= that depth serve it best"
+    )
 
 
 def _normalise(name: str) -> str:

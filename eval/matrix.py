@@ -21,6 +21,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from draftsmith.argtypes import positive_int
 from draftsmith.eval.acceptance import BASELINES, compare_outputs, engine_versions, run_acceptance
 from draftsmith.eval.prompts import load_workload, render_prompts
 from draftsmith.eval.reference_decoder import (
@@ -32,7 +33,7 @@ from draftsmith.eval.reference_decoder import (
     load_drafter,
     load_head_drafter,
 )
-from draftsmith.vllm_runner import HYBRID_KEYS
+from draftsmith.serve.runner import HYBRID_KEYS
 
 KEYS = (
     "mean_acceptance_length",
@@ -315,7 +316,7 @@ def run_matrix(
 
 def _hybrid_policies(heads: dict[str, str]) -> dict:
     """hybrid(NAME) -> (NAME, policy) for every head whose directory holds a fitted hybrid policy."""
-    from draftsmith.eval.hybrid import POLICY_FILE, HybridPolicies
+    from draftsmith.serve.policy import POLICY_FILE, HybridPolicies
 
     return {f"hybrid({n})": (n, HybridPolicies.load(d)) for n, d in heads.items() if (Path(d) / POLICY_FILE).is_file()}
 
@@ -643,8 +644,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--prompts", default=None, help="the chat workload's JSONL (e.g. a run's heldout_prompts.jsonl)")
     p.add_argument("--ks", type=_ints, default=list(range(1, 8)), help="k sweep, e.g. 1-7 or 1,3,5 (default 1-7)")
     p.add_argument("--temperatures", default="0,1", help="comma-separated (default 0,1: greedy and sampled)")
-    p.add_argument("--num-prompts", type=int, default=16, help="prompts per workload (default 16)")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--num-prompts", type=positive_int, default=16, help="prompts per workload (default 16)")
+    p.add_argument("--max-tokens", type=positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-served", action="store_true", help="skip vLLM (reference decoder only)")
     p.add_argument("--no-reference", action="store_true", help="skip the in-process reference decoder")

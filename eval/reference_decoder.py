@@ -32,30 +32,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from draftsmith.eval.baselines import SuffixIndex, ngram_match
+from draftsmith.eval.baselines import SuffixIndex
+from draftsmith.serve.ngram import ngram_match
+from draftsmith.serve.policy import Proposal, chain_score
 from draftsmith.train.target import Features, Target
-
-
-@dataclass
-class Proposal:
-    tokens: list[int]  # draft target-token ids, at most k
-    probs: torch.Tensor | None = None  # [len(tokens), V] the distributions they were drawn from; None = one-hot
-    # how confident the drafter is, before verification (what a hybrid chooses on): a head's and suffix's
-    # expected accepted tokens under their own model (sum of the running products of the drafted tokens'
-    # probabilities), ngram's matched n-gram length; 0 for an empty draft, None when the drafter has none
-    signal: float | None = None
-    # a head's own probability of each token it drafted (signal = chain_score of them); None for the others
-    confidences: list[float] | None = None
-
-
-def chain_score(token_probs: list[float]) -> float:
-    """Σ_j Π_{i<=j} p_i: the expected number of a chain's tokens accepted if each p_i were its acceptance
-    probability given the ones before (arctic-inference's suffix score; a head's confidence in its draft)."""
-    score, run = 0.0, 1.0
-    for p in token_probs:
-        run *= p
-        score += run
-    return score
 
 
 class Drafter:

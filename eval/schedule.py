@@ -23,7 +23,7 @@ import math
 import sys
 from pathlib import Path
 
-from draftsmith.eval.acceptance import check_schedule
+from draftsmith.serve.recipe import check_schedule
 
 
 def sweep_speedups(result: dict, head: str) -> dict[int, float | None]:

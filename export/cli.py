@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 
+from draftsmith.argtypes import positive_int
 from draftsmith.export.destination import check_export_destination
 from draftsmith.export.vllm import ExportError
 from draftsmith.lock import acquire_beside
@@ -39,7 +40,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="target to check the head against and record as verifier (default: the one trained on)",
     )
-    p.add_argument("--k", type=int, default=None, help="speculative tokens to record (default: the TTT depth)")
+    p.add_argument("--k", type=positive_int, default=None, help="speculative tokens to record (default: the TTT depth)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument(
         "--force",

@@ -15,7 +15,10 @@ from typing import Iterable
 
 from draftsmith.errors import ConfigError
 
-EXPORT_FILES = {"config.json", "model.safetensors", "draftsmith.json"}  # all that export_eagle3/_mlp_speculator write
+EXPORT_FILES = {"config.json", "model.safetensors", "draftsmith.json", "draft_vocab.safetensors"}  # what export writes
+# what is fitted or measured for an exported head and kept beside it: the hybrid policy (eval fit-hybrid) and the k
+# schedule (eval schedule). A re-export of the same head carries them over; of another head, drops them.
+FITTED_FILES = ("hybrid.json", "schedule.json")
 
 
 def _is_head_config(config: dict) -> bool:
@@ -37,7 +40,34 @@ def is_previous_export(path: str | os.PathLike) -> bool:
     except (OSError, ValueError):
         return False
     files_only = all((path / n).is_file() and not (path / n).is_symlink() for n in names)
-    return isinstance(config, dict) and _is_head_config(config) and names <= EXPORT_FILES and files_only
+    allowed = EXPORT_FILES | set(FITTED_FILES)
+    return isinstance(config, dict) and _is_head_config(config) and names <= allowed and files_only
+
+
+def carry_fitted(old: Path, new: Path, log=print) -> list[str]:
+    """Copy what was fitted for the head in `old` (a previous export about to be replaced) into `new` when `new`
+    holds the same head (equal weights and config); say what is dropped otherwise. Returns the names carried."""
+    import shutil
+
+    from draftsmith.train.checkpoint import head_digest_of
+
+    found = [n for n in FITTED_FILES if (old / n).is_file()]
+    if not found:
+        return []
+    try:
+        same = head_digest_of(old) == head_digest_of(new)
+    except Exception:  # an unreadable old export (an older layout, damaged): nothing of it can be vouched for
+        same = False
+    if not same:
+        log(
+            f"export: {', '.join(found)} in {old} dropped: they were fitted for the head exported there before, not "
+            "this one (refit: draftsmith eval fit-hybrid / eval schedule)"
+        )
+        return []
+    for name in found:
+        shutil.copy2(old / name, new / name)
+    log(f"export: kept {', '.join(found)} (the same head as before)")
+    return found
 
 
 def _paths(source) -> list[Path]:

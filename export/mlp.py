@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.atomic import atomic_dir
-from draftsmith.export.destination import check_export_destination
+from draftsmith.export.destination import carry_fitted, check_export_destination
 from draftsmith.export.vllm import ExportError, check_vocab_maps
 from draftsmith.train.heads.mlp_speculator import MLPSpeculatorConfig, target_problems
 
@@ -199,6 +199,8 @@ def export_mlp_speculator(
             + "\n"
         )
         validate_mlp_export(tmp, target_config)  # an export that fails its own contract never replaces a good one
+        if out_dir.is_dir():  # a re-export of the same head keeps its fitted policy and k schedule
+            carry_fitted(out_dir, tmp)
     return out_dir
 
 

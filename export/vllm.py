@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.atomic import atomic_dir
 from draftsmith.errors import DraftsmithError
-from draftsmith.export.destination import check_export_destination
+from draftsmith.export.destination import carry_fitted, check_export_destination
 from draftsmith.train.heads.eagle3 import Eagle3Config, fold_fc_input_scale, target_problems
 
 SPECULATORS_ARCH = "Eagle3DraftModel"  # as speculators >= 0.9 writes it; vLLM keys on speculators_model_type
@@ -313,6 +313,8 @@ def export_eagle3(
             + "\n"
         )
         validate_export(tmp, target_config)  # an export that fails its own contract never replaces a good one
+        if out_dir.is_dir():  # a re-export of the same head keeps its fitted policy and k schedule
+            carry_fitted(out_dir, tmp)
     return out_dir
 
 

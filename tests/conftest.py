@@ -42,7 +42,7 @@ def skip_policy(head_score: float):
     """A served hybrid policy the contract tests share: the head when its chain score is above `head_score`, else
     whichever training-free draft there is; a long n-gram match (n >= 3) beats any head draft, so there the head's
     chain is skipped."""
-    from draftsmith.eval.hybrid import Calibration, HybridPolicy
+    from draftsmith.serve.policy import Calibration, HybridPolicy
 
     return HybridPolicy(
         k=3,
@@ -52,6 +52,19 @@ def skip_policy(head_score: float):
             "suffix": Calibration([], [1.0], [1]),
         },
     )
+
+
+def save_beside(policy, head_dir) -> None:
+    """Save a hand-made hybrid policy (or HybridPolicies) beside an exported head, recording that head's digest as
+    `eval fit-hybrid` does: a served policy must name the head it was fitted for."""
+    from draftsmith.serve.policy import HybridPolicies
+    from draftsmith.train.checkpoint import head_digest_of
+
+    policies = policy if isinstance(policy, HybridPolicies) else HybridPolicies([policy])
+    digest = head_digest_of(head_dir)
+    for p in policies.policies:
+        p.fitted_on = {**p.fitted_on, "head": digest}
+    policies.save(head_dir)
 
 
 def assert_sources_add_up(row: dict) -> None:

@@ -45,7 +45,7 @@ def main():
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from draftsmith.vllm_plugin import speculative_kwargs
+    from draftsmith.serve.plugin import speculative_kwargs
 
     target, head_dir, prompts_json, k, out = sys.argv[1:6]
     prompts = json.loads(prompts_json)

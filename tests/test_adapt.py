@@ -90,9 +90,12 @@ def test_a_vllm_log_reads_its_request_bodies(tmp_path):
     t = read_traffic(f, skip_invalid=True)
     assert [p["messages"] for p in t.prompts] == [[user("from the log")]] and t.log_lines_without_body == 2
 
+    # a log without request bodies is a log, not 1 bad JSON record: it says how to start vLLM so it logs them
     info_only = write_lines(tmp_path / "info.log", ["INFO Received request chatcmpl-1: params: SamplingParams(n=1)"])
-    with pytest.raises(DataError, match="not JSON"):
-        read_traffic(info_only)  # neither JSON nor a log with bodies: named as a bad line
+    with pytest.raises(DataError, match="none with a request body.*--enable-log-requests --log-level DEBUG"):
+        read_traffic(info_only)
+    with pytest.raises(DataError, match="not JSON"):  # text that is neither JSON nor a log: a bad line, named
+        read_traffic(write_lines(tmp_path / "notes.txt", ["Received request chatcmpl-1: params"]))
 
 
 def test_bad_traffic_names_the_file_and_record(tmp_path):

@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from draftsmith.eval.acceptance import ScheduleError, check_schedule, format_sweep, plot_sweep, read_schedule
+from draftsmith.eval.acceptance import format_sweep, plot_sweep
 from draftsmith.eval.schedule import main as schedule_main
 from draftsmith.eval.schedule import make_schedule
+from draftsmith.serve.recipe import ScheduleError, check_schedule, read_schedule
 
 
 def test_check_schedule_refuses_what_vllm_would_read_otherwise():

@@ -19,7 +19,7 @@ from draftsmith.eval.acceptance import (
 )
 from draftsmith.eval.cli import main as eval_main
 from draftsmith.eval.prompts import PromptFileError, first_turns, load_prompts, render_prompts
-from draftsmith.vllm_runner import counter_delta, read_spec_counters
+from draftsmith.serve.runner import counter_delta, read_spec_counters
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

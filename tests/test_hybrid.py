@@ -24,29 +24,23 @@ from test_reference_decoder import (  # noqa: F401  (one_thread, tiny128 and sma
     tiny128,
 )
 
-from draftsmith.eval.hybrid import (
-    POLICY_FILE,
-    Calibration,
-    HybridDrafter,
-    HybridPolicies,
-    HybridPolicy,
-    _monotone,
-    at_depth,
-    calibrate,
-    fit_policy,
-    prompt_key,
-    record_positions,
-    simulate,
-)
+from draftsmith.eval.hybrid import HybridDrafter, _monotone, at_depth, calibrate, fit_policy, record_positions, simulate
 from draftsmith.eval.reference_decoder import (
     Eagle3Drafter,
     NgramDrafter,
     NoDrafter,
-    Proposal,
     SuffixDrafter,
-    chain_score,
     decode_prompts,
     speculative_generate,
+)
+from draftsmith.serve.policy import (
+    POLICY_FILE,
+    Calibration,
+    HybridPolicies,
+    HybridPolicy,
+    Proposal,
+    chain_score,
+    prompt_key,
 )
 from draftsmith.train.target import Features
 

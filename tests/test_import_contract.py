@@ -13,9 +13,10 @@ FOLDERS = {
     "train": "draftsmith.train",
     "export": "draftsmith.export",
     "eval": "draftsmith.eval",
+    "serve": "draftsmith.serve",
 }
 # the ground floor: what every other room may use, and which uses nothing above it
-GROUND = {f"draftsmith.{m}" for m in ("assets", "atomic", "errors", "paths", "generate", "vllm_runner", "vllm_fixes")}
+GROUND = {f"draftsmith.{m}" for m in ("assets", "atomic", "errors", "paths", "generate", "serve.runner", "serve.fixes")}
 # (importer prefix, imported prefix, why not)
 FORBIDDEN = [
     ("draftsmith.train.heads", "draftsmith.train.target", "a head is a plain module: it gets tensors, not the target"),
@@ -24,6 +25,7 @@ FORBIDDEN = [
     ("draftsmith.export", "draftsmith.train.loop", "export reads checkpoints, it does not train"),
     ("draftsmith.eval", "draftsmith.train.loop", "eval reads heads, it does not train"),
     ("draftsmith.train.target", "draftsmith.train.heads", "the target knows nothing of heads"),
+    ("draftsmith.serve", "draftsmith.eval", "eval depends on the serving seam, never the reverse"),
 ]
 
 
@@ -117,5 +119,6 @@ def test_the_checker_sees_real_arrows():
     graph = import_graph()
     assert "draftsmith.train.features.sources" in graph["draftsmith.train.loop"]
     assert "draftsmith.train.heads.eagle3" in graph["draftsmith.export.vllm"]
+    assert "draftsmith.serve.policy" in graph["draftsmith.eval.hybrid"]
     assert GROUND <= set(graph)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

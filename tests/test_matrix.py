@@ -264,7 +264,7 @@ def test_reusable_served_cell(tmp_path):
 def test_vllm_fix_expand_batch_to_tokens():
     import torch
 
-    from draftsmith.vllm_fixes import _shipped_is_broken, expand_batch_to_tokens
+    from draftsmith.serve.fixes import _shipped_is_broken, expand_batch_to_tokens
 
     x = torch.tensor([1.0, 0.5, 0.0])
     got = expand_batch_to_tokens(x, torch.tensor([2, 3, 5], dtype=torch.int32), 5, replace_from=0, replace_to=1)
@@ -279,7 +279,7 @@ def test_vllm_fix_cpu_generator_rewind():
     generators lack: the patched bookkeeping step runs, leaves the generator as it was and restores the map."""
     import torch
 
-    from draftsmith.vllm_fixes import _cpu_generators_cannot_rewind, _patch_generator_rewind
+    from draftsmith.serve.fixes import _cpu_generators_cannot_rewind, _patch_generator_rewind
 
     gen = torch.Generator(device="cpu").manual_seed(3)
     try:

@@ -57,7 +57,7 @@ def test_the_engine_process_beats_while_a_batch_runs(capsys):
     import time
     from types import SimpleNamespace
 
-    from draftsmith.vllm_runner import heartbeat, parse_event
+    from draftsmith.serve.runner import heartbeat, parse_event
 
     counter = {"n": 0}
 
@@ -101,7 +101,7 @@ def test_events_survive_log_lines_written_beside_them(capsys):
     import json
     import threading
 
-    from draftsmith.vllm_runner import EVENT, emit, parse_event
+    from draftsmith.serve.runner import EVENT, emit, parse_event
 
     ev = {"event": "heartbeat", "tokens": 18331}
     stats = "(MainProcess pid=1) INFO [loggers.py:335] Engine 000: Avg generation throughput: 171.3 tokens/s"

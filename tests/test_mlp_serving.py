@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_sources_add_up, skip_policy
+from conftest import assert_sources_add_up, save_beside, skip_policy
 
 from draftsmith.export.mlp import export_mlp_speculator
 from draftsmith.generate import generate
@@ -126,7 +126,7 @@ def test_draft_vocab_speculator_is_served_through_its_map(tiny_target_dir, heads
 
 
 def test_hybrid_of_an_mlp_speculator_served(tiny_target_dir, heads, tmp_path):
-    """hybrid(mlp) in vLLM (`draftsmith.vllm_hybrid` on the plugin's proposer): pinned to the head its counters equal
+    """hybrid(mlp) in vLLM (`draftsmith.serve.hybrid` on the plugin's proposer): pinned to the head its counters equal
     the speculator served alone; with the policy choosing, greedy output is unchanged, more than one member drafts,
     the per-source counts add up to what vLLM counted, and skipping the speculator's stages where no head draft could
     be chosen changes nothing (counters and choices equal those of the same policy with the chain run every step)."""
@@ -136,7 +136,7 @@ def test_hybrid_of_an_mlp_speculator_served(tiny_target_dir, heads, tmp_path):
 
     head_dir = tmp_path / "copy"
     shutil.copytree(heads[1], head_dir)  # the copying speculator: its picks have probability ~0.85 on this target
-    skip_policy(2.0).save(head_dir)  # the head when its chain is sure (score > 2: all three picks likely)
+    save_beside(skip_policy(2.0), head_dir)  # the head when its chain is sure (score > 2: all three picks likely)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
         "".join(json.dumps({"prompt": p}) + "\n" for p in ("Repeat: one two three, one two three.", "Count: 1 2 3 4"))
@@ -172,14 +172,15 @@ def test_the_hybrid_names_the_plugins_proposer(heads, tmp_path):
     same settings as the speculator served alone, plus the policy."""
     import shutil
 
-    from draftsmith.eval.hybrid import Calibration, HybridPolicy
-    from draftsmith.vllm_hybrid import KEY, hybrid_kwargs
-    from draftsmith.vllm_plugin import speculative_kwargs
+    from draftsmith.serve.hybrid import KEY, hybrid_kwargs
+    from draftsmith.serve.plugin import speculative_kwargs
+    from draftsmith.serve.policy import Calibration, HybridPolicy
 
     head_dir = tmp_path / "h"
     shutil.copytree(heads[0], head_dir)
-    HybridPolicy(k=3, members={"head": Calibration([], [1.0], [1]), "suffix": Calibration([], [1.0], [1])}).save(
-        head_dir
+    save_beside(
+        HybridPolicy(k=3, members={"head": Calibration([], [1.0], [1]), "suffix": Calibration([], [1.0], [1])}),
+        head_dir,
     )
     got, alone = hybrid_kwargs(head_dir, 3), speculative_kwargs(head_dir, 3)
     assert got["speculative_config"] == alone["speculative_config"]

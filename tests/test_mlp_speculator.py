@@ -118,7 +118,7 @@ def test_export_round_trip_and_refusals(tmp_path, tie):
 
     from draftsmith.export.mlp import export_mlp_speculator, validate_mlp_export
     from draftsmith.export.vllm import ExportError
-    from draftsmith.vllm_plugin import load_speculator
+    from draftsmith.serve.plugin import load_speculator
 
     tc = LlamaConfig(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=2)
     cfg = MLPSpeculatorConfig.from_target(tc, inner_dim=32, n_predict=3, tie_weights=tie, scale_input=True)
@@ -205,7 +205,7 @@ def test_draft_vocab_export_round_trip_and_refusals(tmp_path):
     from draftsmith.eval.reference_decoder import MLPSpeculatorDrafter
     from draftsmith.export.mlp import VOCAB_FILE, export_mlp_speculator, read_export, validate_mlp_export
     from draftsmith.export.vllm import ExportError
-    from draftsmith.vllm_plugin import load_speculator
+    from draftsmith.serve.plugin import load_speculator
 
     head, rows = reduced_head()
     tc = LlamaConfig(vocab_size=97, hidden_size=16, num_hidden_layers=2, num_attention_heads=2)

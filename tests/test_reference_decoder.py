@@ -20,7 +20,6 @@ from draftsmith.eval.reference_decoder import (
     NgramDrafter,
     NoDrafter,
     OracleDrafter,
-    Proposal,
     SuffixDrafter,
     alpha_from_tau,
     decode_prompts,
@@ -31,6 +30,7 @@ from draftsmith.eval.reference_decoder import (
     verify_greedy,
     verify_sampled,
 )
+from draftsmith.serve.policy import Proposal
 from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.target import Target
 

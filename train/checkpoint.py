@@ -85,15 +85,48 @@ def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.exists() else []
 
 
+def missing_files(ckpt: Path, resume: bool = False) -> list[str]:
+    """The files a checkpoint directory lacks (a copy cut short, a file deleted by hand): an export needs the head's
+    two, a resume the trainer state too."""
+    need = CHECKED_FILES if resume else CHECKED_FILES[:2]
+    return [n for n in need if not (ckpt / n).is_file()]
+
+
+def newest_intact(run_dir: Path, resume: bool = False) -> tuple[Path | None, list[Path]]:
+    """(the newest checkpoint holding every file it needs, the newer ones that do not)."""
+    found = checkpoints(run_dir)
+    broken = []
+    for ckpt in reversed(found):
+        if not missing_files(ckpt, resume):
+            return ckpt, broken
+        broken.insert(0, ckpt)
+    return None, broken
+
+
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint dir, or a run dir (its latest checkpoint); CheckpointError naming what is missing otherwise."""
+    """A checkpoint dir, or a run dir (its latest checkpoint); CheckpointError naming what is missing otherwise (an
+    incomplete newest checkpoint names the newest intact one)."""
     path = Path(path)
     if (path / "head.safetensors").exists():
         return path
     found = checkpoints(path)
     if not found:
         raise CheckpointError(_no_checkpoint(path))
+    if missing_files(found[-1]):
+        intact, _ = newest_intact(path)
+        raise CheckpointError(_incomplete(found[-1], intact))
     return found[-1]
+
+
+def _incomplete(ckpt: Path, intact: Path | None) -> str:
+    lacks = ", ".join(missing_files(ckpt, resume=True))
+    if intact is None:
+        return f"{ckpt}, the run's only or newest checkpoint, is incomplete (no {lacks}) and no earlier one is intact"
+    return (
+        f"{ckpt}, the run's newest checkpoint, is incomplete (no {lacks}). The newest intact one is {intact}: export "
+        f"it by that path (draftsmith export --format vllm {intact} OUT), or continue training from it with "
+        "resume=auto (which sets the incomplete one aside and says so)."
+    )
 
 
 def _no_checkpoint(path: Path) -> str:
@@ -131,6 +164,11 @@ def check_run_dir(run_dir: Path, resume: str | None, overwrite: bool) -> tuple[s
     metrics = run_dir / "metrics.jsonl"
     if resume == "auto" and not found:
         return None, "metrics" if metrics.exists() else None
+    if resume == "auto" and missing_files(found[-1], resume=True):
+        intact, _ = newest_intact(run_dir, resume=True)
+        if intact is None:
+            raise CheckpointError(_incomplete(found[-1], None) + ": start over with overwrite=true")
+        return str(intact), "incomplete"  # clear_run_dir sets the newer, incomplete ones aside
     if resume is not None or not (found or metrics.exists()):
         return resume, None
     if not overwrite:
@@ -156,6 +194,12 @@ def clear_run_dir(run_dir: Path, clear: str | None, log=print) -> None:
     if clear == "metrics":
         log(f"resume=auto: {run_dir} has no checkpoint yet; starting from step 0 (its unsaved metrics dropped)")
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    elif clear == "incomplete":
+        intact, broken = newest_intact(run_dir, resume=True)
+        for ckpt in broken:  # kept, not deleted, under a name `checkpoints()` does not list
+            aside = ckpt.with_name(f"incomplete-{ckpt.name}")
+            ckpt.rename(aside)
+            log(f"resume=auto: {ckpt.name} lacked {', '.join(missing_files(aside, resume=True))}; set aside as {aside}")
     elif clear == "run":
         log(f"overwrite=true: deleting the earlier run in {run_dir} ({_what(run_dir)})")
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -407,12 +451,50 @@ def read_head(path: str | os.PathLike):
     return family, meta["config"], state, meta.get("metrics") or {}
 
 
+def head_digest(family: str, config: dict, state: dict[str, torch.Tensor]) -> str:
+    """sha1 of the head as `read_head` gives it (family, config, every tensor's name, dtype, shape and bytes): the
+    head the fit runs, whether it came from an export or a run dir's latest checkpoint among others kept."""
+    h = hashlib.sha1(json.dumps([family, config], sort_keys=True, default=str).encode())
+    for name in sorted(state):
+        t = state[name].detach().contiguous().reshape(-1)
+        h.update(f"{name}:{t.dtype}:{tuple(state[name].shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def head_digest_of(path: str | os.PathLike) -> str:
+    """`head_digest` of the head at `path` (an export, a checkpoint or a run dir's latest)."""
+    family, config, state, _ = read_head(path)
+    return head_digest(family.name, config, state)
+
+
+def read_run_config(path: Path) -> dict:
+    """A run's saved config.yaml as a dict; CheckpointError naming the file when it is not a YAML mapping (edited by
+    hand, cut short)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(e, "problem", None) or getattr(e, "strerror", None) or str(e).splitlines()[0]
+        raise CheckpointError(
+            f"{path}: the run's saved config cannot be read ({problem}{at}). It is written by the run itself; "
+            "restore it from the run's .yaml it was edited from, or re-run training to rewrite it."
+        ) from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: the run's saved config is not a mapping of keys (a {type(config).__name__})")
+    return config
+
+
 def training_data(path: str | os.PathLike) -> dict | None:
     """What a head trained on, as `{"data": data.path, "conversations": data.num_conversations}` (None: all of it):
     an exported head's record (`trained_on` in draftsmith.json), or the config.yaml of the run a checkpoint (or
     run dir) belongs to; None when neither says. Training reads the first `conversations` of `data`, so the
     conversations after them are ones the head never saw (fit-hybrid's default)."""
-    import yaml
 
     path = Path(path)
     if (path / "draftsmith.json").is_file():
@@ -424,7 +506,7 @@ def training_data(path: str | os.PathLike) -> dict | None:
     config = ckpt.parent.parent / "config.yaml"  # RUN/checkpoints/step_N -> RUN/config.yaml
     if not config.is_file():
         return None
-    data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+    data = read_run_config(config).get("data") or {}
     if not data.get("path"):
         return None
     return {"data": str(data["path"]), "conversations": data.get("num_conversations")}

@@ -5,6 +5,7 @@ accelerate launch train/run.py conf=eagle3_smollm2
 accelerate launch train/run.py conf=eagle3_llama8b head.ttt_steps=3 data.max_length=1024
 python train/run.py conf=eagle3_smollm2 optim.max_minutes=5 resume=auto
 python train/run.py conf=eagle3_llama8b dry_run=true dry_run_processes=8   # per-rank memory, no weights
+python train/run.py -m conf=eagle3_smollm2 optim.lr=1e-3,2e-3             # a sweep: one run per value
 """
 
 from __future__ import annotations
@@ -36,8 +37,17 @@ def git_sha() -> str:
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from draftsmith.errors import handle_errors
 
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # each job of a sweep in its own directory: <output_dir>/<job number>
+        with open_dict(cfg):
+            cfg.output_dir = hydra_cfg.runtime.output_dir
+        overrides = " ".join(hydra_cfg.overrides.task)
+        print(f"multirun job {hydra_cfg.job.num}: {overrides} -> output_dir={cfg.output_dir}", flush=True)
     result: dict = {}
 
     def go() -> None:
@@ -104,6 +114,8 @@ def run(cfg: DictConfig) -> dict:
     # nothing is written or deleted before the data, target and features are known good: a refused run leaves no
     # trace, and overwrite=true deletes the earlier run only then
     resume, clear = check_run_dir(run_dir, cfg.resume, cfg.overwrite)
+    if clear == "incomplete":
+        log(f"resume=auto: the newest checkpoint is incomplete; continuing from {resume}, the newest intact one")
     if resume:  # a corrupt checkpoint is refused here, naming it, before anything is written
         verify_checkpoint(run_dir if resume == "auto" else resume)
     if main_proc and run_dir.is_dir():  # an earlier run's directory: no second process may touch it from here on

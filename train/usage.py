@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import re
 from dataclasses import MISSING, fields, is_dataclass
 
 from draftsmith.errors import ConfigError
@@ -113,14 +114,28 @@ def usage() -> str:
 
 
 def check_overrides(argv: list[str]) -> None:
-    """Compose the run's config from `argv` as Hydra will; a problem becomes one ConfigError naming it."""
+    """Compose the run's config from `argv` as Hydra will; a problem becomes one ConfigError naming it.
+
+    The command line is read with Hydra's own argument parser, so its flags (`--cfg job`, `--info`, `-m`,
+    `--config-name`, ...) mean what they mean to Hydra. A sweep (`optim.lr=1e-3,2e-3`, `range(...)`, `choice(...)`)
+    needs `-m`; under `-m` each of its values is composed (with the other keys at their first value). With
+    `--config-name` / `--config-dir` the config is not ours to check: Hydra composes and reports it."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from draftsmith.train.config import compose_config
 
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    stray = [a for a in argv if "=" not in a and not a.startswith("-")]
+    try:
+        args = get_args_parser().parse_args(argv)
+    except SystemExit:  # argparse printed the usage error
+        raise ConfigError(
+            f"{' '.join(argv)}: not a command line Hydra reads (key=value overrides, plus Hydra's flags: --cfg "
+            "job|hydra|all, --info, -m/--multirun, --config-name, --config-dir)"
+        ) from None
+    overrides = list(args.overrides)
+    stray = [a for a in overrides if "=" not in a]
     if stray:
         raise ConfigError(
             f"{stray[0]!r} is not a key=value override. A value with a space must reach Hydra quoted, e.g. "
@@ -128,19 +143,44 @@ def check_overrides(argv: list[str]) -> None:
         )
     for a in overrides:
         key, value = a.split("=", 1)
-        if any(c.isspace() for c in value) and value[:1] not in "'\"":
+        if any(c.isspace() for c in value) and value[:1] not in "'\"" and not re.match(r"\w+\(", value):
             raise ConfigError(
                 f"{a}: the value holds a space; quote it for Hydra inside the shell's quotes: '{key}=\"{value}\"'"
             )
-    names = list(presets())
-    for a in overrides:
-        key, value = a.split("=", 1)
-        if key == "conf" and value not in names:
-            raise ConfigError(f"conf={value}: no such preset{_closest(value, names)}; presets: {', '.join(names)}")
+    if args.config_name or args.config_dir or args.config_path:
+        return
     try:
-        compose_config(overrides)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_explain(str(e), overrides)) from None
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise ConfigError(f"{' '.join(overrides)}: {e}") from None
+    sweeps = [o for o in parsed if o.is_sweep_override()]
+    if sweeps and not args.multirun:
+        raise ConfigError(
+            f"{sweeps[0].input_line} is a sweep (one job per value): add -m (--multirun) to run it, e.g. "
+            f"python train/run.py -m {' '.join(overrides)}; each job trains into its own output_dir/<job number>"
+        )
+    choices = []  # per override: the values to compose it with (one for a plain override)
+    for o in parsed:
+        if not o.is_sweep_override():
+            choices.append([o.input_line])
+        elif o.is_choice_sweep() or o.is_range_sweep():
+            choices.append([f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()])
+        else:  # an interval sweep (a sweeper plugin samples it): checked by Hydra when the job starts
+            choices.append([])
+    names = list(presets())
+    composed = [[c[0] for c in choices if c]]  # every key at its first value, then each sweep value in turn
+    for i, values in enumerate(choices):
+        for v in values[1:]:
+            composed.append([v if j == i else c[0] for j, c in enumerate(choices) if c])
+    for combo in composed:
+        for a in combo:
+            key, value = a.split("=", 1)
+            if key == "conf" and value not in names:
+                raise ConfigError(f"conf={value}: no such preset{_closest(value, names)}; presets: {', '.join(names)}")
+        try:
+            compose_config(combo)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise ConfigError(_explain(str(e), combo)) from None
 
 
 def _closest(word: str, choices: list[str]) -> str:

@@ -2,7 +2,7 @@
 
 The serving engine runs the prefill; its `extract_hidden_states` speculative method captures the residual stream at
 the run's aux layers (vLLM's own layer convention, the one the served head reads) and at the last layer, and
-`draftsmith.vllm_hidden_states.CpuHiddenStatesConnector` hands each request's rows over as a file. From them a row
+`draftsmith.serve.hidden_states.CpuHiddenStatesConnector` hands each request's rows over as a file. From them a row
 is what the HF backend writes: `aux` (the aux states side by side), `last` (the final norm applied to the last
 layer's residual stream, as the HF forward's `last_hidden_state` is) and, for held-out samples, `top` (the
 full-vocab argmax of the lm_head over `last`). Only the final norm and the lm_head are read outside vLLM
@@ -66,7 +66,7 @@ class VllmFeatures:
             },
             kv_transfer_config={
                 "kv_connector": "CpuHiddenStatesConnector",
-                "kv_connector_module_path": "draftsmith.vllm_hidden_states",
+                "kv_connector_module_path": "draftsmith.serve.hidden_states",
                 "kv_role": "kv_producer",
                 "kv_connector_extra_config": {"shared_storage_path": str(self.tmp), "use_synchronization_lock": False},
             },

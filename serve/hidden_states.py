@@ -7,7 +7,7 @@ copies synchronously and writes each request's file atomically (temporary name, 
 sees half a file. Load it by module path:
 
     kv_transfer_config={"kv_connector": "CpuHiddenStatesConnector",
-                        "kv_connector_module_path": "draftsmith.vllm_hidden_states", "kv_role": "kv_producer",
+                        "kv_connector_module_path": "draftsmith.serve.hidden_states", "kv_role": "kv_producer",
                         "kv_connector_extra_config": {"shared_storage_path": DIR}}
 """
 

@@ -1,6 +1,6 @@
 """One method in one process: build a vLLM engine, generate every prompt, write counters + outputs as JSON.
 
-    python -m draftsmith.vllm_runner JOB.json RESULT.json
+    python -m draftsmith.serve.runner JOB.json RESULT.json
 
 The parent (`draftsmith.eval.acceptance`) writes JOB.json and starts one of these per method, so an
 engine never leaks memory into the next and one crash is reported instead of ending the run. Lines
@@ -30,6 +30,7 @@ from pathlib import Path
 from draftsmith.atomic import atomic_write
 
 EVENT = "@draftsmith-eval "
+HYBRID_KEY = "draftsmith_hybrid"  # serve/hybrid.py KEY: additional_config names a hybrid under it
 HYBRID_KEYS = ("hybrid_sources", "hybrid_seconds", "hybrid_head_skipped")  # a hybrid's stats in a result
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -104,6 +105,11 @@ def counter_delta(after: dict, before: dict) -> dict:
     return delta
 
 
+def _hybrid_active(worker) -> bool:
+    """Whether this worker's model runner built the hybrid drafter at load (serve/hybrid.py)."""
+    return getattr(worker.model_runner, "_draftsmith_hybrid_state", None) is not None
+
+
 def _install_draft_timer(worker) -> bool:
     """Time the model runner's drafting call (every method's: the head's forward(s), suffix or n-gram lookup) on
     this engine's worker; False where the runner has none (no speculation)."""
@@ -166,9 +172,16 @@ def run(job: dict) -> dict:
     )
     engine_start_s = time.perf_counter() - t0
     emit("engine_ready", seconds=round(engine_start_s, 2))
-    from draftsmith.vllm_fixes import apply as apply_vllm_fixes
+    from draftsmith.serve import fixes
 
-    patches = apply_vllm_fixes()  # after start-up: the CPU kernels it checks are registered by then
+    fixes.apply()  # the plugin applied them at start-up (on a CPU build); again here for a vLLM without our plugin
+    patches = fixes.active()
+    extra = job["engine"].get("additional_config") or {}
+    if extra.get(HYBRID_KEY) and not all(llm.collective_rpc(_hybrid_active)):
+        raise RuntimeError(
+            "the hybrid drafter's wrap is not active in this engine (draftsmith's vLLM plugin did not load: is "
+            "VLLM_PLUGINS set without draftsmith_mlp_speculator?); it would serve plain speculative decoding"
+        )
     if job["speculative_config"]:
         try:
             llm.collective_rpc(_install_draft_timer)
@@ -316,7 +329,7 @@ def _read_json(path: str | None) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m draftsmith.vllm_runner JOB.json RESULT.json", file=sys.stderr)
+        print("usage: python -m draftsmith.serve.runner JOB.json RESULT.json", file=sys.stderr)
         return 2
     job_path, result_path = argv
     with open(job_path, encoding="utf-8") as f:

@@ -100,6 +100,15 @@ def _patch_generator_rewind(runner_cls) -> bool:
     return True
 
 
+def apply_on_cpu() -> list[str]:
+    """`apply` where vLLM runs on the CPU (the plugin calls this in every engine process); nothing elsewhere."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return []
+    return apply() if current_platform.is_cpu() else []
+
+
 def apply() -> list[str]:
     """Patch what is broken in this process's vLLM; returns the names of the patches applied."""
     applied = []
@@ -116,3 +125,18 @@ def apply() -> list[str]:
         if _patch_generator_rewind(GPUModelRunner):
             applied.append("gpu_model_runner._bookkeeping_sync: CPU generator rewind")
     return applied
+
+
+def active() -> list[str]:
+    """The patches in effect in this process (applied here by `apply`, or earlier by the plugin at engine start)."""
+    out = []
+    try:
+        from vllm.v1.sample import rejection_sampler as rs
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        return out
+    if getattr(rs, "expand_batch_to_tokens", None) is expand_batch_to_tokens:
+        out.append("rejection_sampler.expand_batch_to_tokens")
+    if getattr(getattr(GPUModelRunner, "_bookkeeping_sync", None), "_draftsmith_no_rewind", False):
+        out.append("gpu_model_runner._bookkeeping_sync: CPU generator rewind")
+    return out

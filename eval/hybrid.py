@@ -463,6 +463,23 @@ def fit_hybrid(
     return policy, path
 
 
+def carry_policy(src: str | Path, dest: str | Path) -> list[float]:
+    """Copy the policies fitted next to `src` (a run dir or checkpoint) to `dest`, an export of that same checkpoint:
+    a policy fitted on `src`'s head is recorded for `dest`'s digest (the same weights in the serving layout); one
+    fitted on anything else keeps its digest, and serving refuses it. Returns the temperatures carried over."""
+    from draftsmith.train.checkpoint import head_digest_of
+
+    policies = HybridPolicies.load(src)
+    was, now = head_digest_of(src), head_digest_of(dest)
+    carried = []
+    for p in policies.policies:
+        if p.fitted_on.get("head") == was:
+            p.fitted_on = {**p.fitted_on, "head": now}
+            carried.append(p.temperature)
+    policies.save(dest)
+    return carried
+
+
 def records_identity(digest: str, convs, k: int, roles, temperature: float = 0.0) -> dict:
     """What saved per-position records were recorded from (head weights, conversations, k, members, temperature):
     `fit_hybrid` reads a records file back only when its identity equals this."""

@@ -16,6 +16,7 @@ compared with it (greedy speculation must not change a token). Writes live.json 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import threading
@@ -26,6 +27,7 @@ from pathlib import Path
 from draftsmith.argtypes import positive_int
 from draftsmith.atomic import atomic_write, atomic_write_json
 from draftsmith.errors import ConfigError, DraftsmithError
+from draftsmith.eval.acceptance import tokens_per_step
 from draftsmith.eval.prompts import load_prompts
 
 
@@ -143,7 +145,9 @@ def summarize(results: list[dict], wall: float, counters: dict) -> dict:
         "tpot_s_mean": statistics.fmean([r["tpot_s"] for r in results if r["tpot_s"] is not None] or [0.0]),
         "counters": spec,
         "drafts": drafts,
-        "tokens_per_target_step": round(1 + accepted / drafts, 4) if drafts else None,
+        # as eval acceptance counts it: generated tokens over the target's steps (1.00 without speculation)
+        "tokens_per_target_step": _round(tokens_per_step(counters["generation_tokens"], accepted)),
+        "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,  # over drafting steps
         "per_position_acceptance": [round(a / drafts, 4) for a in per_pos] if drafts else [],
     }
     if counters["hybrid"]:
@@ -186,6 +190,7 @@ def measure(
             from draftsmith.serve.metrics import delta
 
             row = summarize(results, wall, delta(scrape(client, url), before))
+            row["output_sha1"] = [hashlib.sha1(r["text"].encode()).hexdigest()[:12] for r in results]  # comparable
             if ref_texts is not None:
                 same = [r["text"] == t for r, t in zip(results, ref_texts)]
                 row["match_vs_baseline"] = round(sum(same) / len(same), 4)
@@ -200,7 +205,11 @@ def measure(
 
 
 def _empty() -> dict:
-    return {"spec": {}, "hybrid": {}, "hybrid_head_skipped": None}
+    return {"spec": {}, "hybrid": {}, "hybrid_head_skipped": None, "generation_tokens": 0}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def _ms(s: float | None) -> str:

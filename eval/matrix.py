@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import platform
-import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -109,8 +108,10 @@ def _prepare_heads(heads: dict[str, str], target: str, out: Path, log, target_co
             )
             served[name] = str(dest)
             log(f"exported head {name} ({family.name}) from {resolve_checkpoint(p)} -> {dest}")
-            if (p / "hybrid.json").is_file():  # its fitted hybrid policy travels with it
-                shutil.copy2(p / "hybrid.json", dest / "hybrid.json")
+            if (p / "hybrid.json").is_file():  # its fitted hybrid policy travels with it (recorded for the export)
+                from draftsmith.eval.hybrid import carry_policy
+
+                carry_policy(p, dest)
         info[name] = {
             "family": family.name,
             "source": str(p),

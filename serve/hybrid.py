@@ -53,14 +53,13 @@ def hybrid_kwargs(head_dir: str | os.PathLike, k: int = 3, force: str | None = N
     """LLM(...) keyword arguments serving the exported head at head_dir (EAGLE-3 or MLP speculator) as a hybrid with
     its fitted policy."""
     import json
-    from types import SimpleNamespace
 
     from draftsmith.serve.policy import HybridPolicies
 
     head_dir = str(Path(head_dir).resolve())
     # refused here, before any engine starts, as the engine would refuse it: no policy, a malformed one, one fitted
-    # for other head weights or at another k
-    check_policy(HybridPolicies.load(head_dir), head_dir, SimpleNamespace(num_speculative_tokens=k))
+    # for other head weights
+    check_policy(HybridPolicies.load(head_dir), head_dir)
     if force not in (None, "head", "suffix", "ngram", "full"):
         raise ValueError(f"force={force!r}: head, suffix, ngram, full or None")
     # "full": the policy chooses, but the head's chain runs every step (never skipped; the skip's contract test)
@@ -120,7 +119,12 @@ class _Hybrid:
         from draftsmith.serve.policy import HybridPolicies
 
         self.policies = HybridPolicies.load(settings["policy"])
-        check_policy(self.policies, settings["policy"], runner.vllm_config.speculative_config)
+        check_policy(self.policies, settings["policy"])
+        mismatch = k_mismatch(
+            self.policies, settings["policy"], runner.vllm_config.speculative_config.num_speculative_tokens
+        )
+        if mismatch:
+            print(f"draftsmith hybrid: warning: {mismatch}", flush=True)
         self.force = settings.get("force")
         self.skip_head = settings.get("skip_head", True)
         self.stats_path = settings.get("stats")
@@ -295,28 +299,32 @@ def _of(policy, props: dict) -> dict:
     return {r: p for r, p in props.items() if r in policy.members}
 
 
-def check_policy(policies, head_dir: str, spec_config) -> None:
-    """Refuse, at engine start, a policy this engine would serve wrongly: fitted for other head weights (hybrid.json
-    records the head's digest), or at another k than the engine's num_speculative_tokens."""
+def check_policy(policies, head_dir: str) -> None:
+    """Refuse a policy fitted for other head weights (hybrid.json records the digest of the head it was fitted on):
+    at engine start, so a server never serves it, and in hybrid_kwargs, before any engine starts."""
     from draftsmith.train.checkpoint import head_digest_of
 
-    path = Path(head_dir) / "hybrid.json"
-    k = spec_config.num_speculative_tokens
-    if policies.k != k:
-        raise ConfigError(
-            f"{path} was fitted at k={policies.k}, but this engine drafts k={k} (num_speculative_tokens): its "
-            f"calibration counts accepted tokens of {policies.k}-token drafts. Serve it at k={policies.k}, or refit "
-            f"for k={k}: draftsmith eval fit-hybrid --head {head_dir} --k {k} --target TARGET"
-        )
     digest = head_digest_of(head_dir)
-    other = [p.temperature for p in policies.policies if p.fitted_on.get("head") != digest]
+    other = [p for p in policies.policies if p.fitted_on.get("head") != digest]
     if other:
         raise ConfigError(
-            f"{path}: the policy for temperature {other[0]:g} was fitted for another head (its recorded digest "
-            f"{policies.policies[0].fitted_on.get('head') or 'none'} is not this head's {digest}: re-exported or "
-            f"retrained weights, or a file copied from elsewhere). Refit it: draftsmith eval fit-hybrid --head "
-            f"{head_dir} --target TARGET"
+            f"{Path(head_dir) / 'hybrid.json'}: the policy for temperature {other[0].temperature:g} was fitted for "
+            f"another head (its recorded digest {other[0].fitted_on.get('head') or 'none'} is not this head's "
+            f"{digest}: re-exported or retrained weights, or a file copied from elsewhere). Refit it: draftsmith "
+            f"eval fit-hybrid --head {head_dir} --target TARGET"
         )
+
+
+def k_mismatch(policies, head_dir: str, k: int) -> str | None:
+    """Why serving this policy at k is not what was fitted (None when k is its k): `draftsmith serve` refuses it, an
+    engine started with it says so in its log (eval matrix serves a policy across k on purpose)."""
+    if policies.k == k:
+        return None
+    return (
+        f"{Path(head_dir) / 'hybrid.json'} was fitted at k={policies.k}, but k={k} is asked (num_speculative_tokens): "
+        f"its calibration counts accepted tokens of {policies.k}-token drafts. Serve it at k={policies.k}, or refit "
+        f"for k={k}: draftsmith eval fit-hybrid --head {head_dir} --k {k} --target TARGET"
+    )
 
 
 def _build(runner) -> _Hybrid | None:

@@ -220,12 +220,11 @@ def plan(head_dir: str | Path, target: str | None = None, k: int | None = None, 
             policies = HybridPolicies.load(head_dir)
         except (OSError, ValueError) as e:
             raise ConfigError(f"{e} (or serve the head alone: --no-hybrid)") from None
-        if k is not None and k != policies.k:
-            raise ConfigError(
-                f"--k {k}: {head / POLICY_FILE} was fitted at k={policies.k} (its calibration counts accepted tokens "
-                f"of {policies.k}-token drafts). Serve it at k={policies.k}, refit for k={k} (draftsmith eval "
-                f"fit-hybrid --head {head} --k {k} --target TARGET) or serve the head alone (--no-hybrid)"
-            )
+        from draftsmith.serve.hybrid import k_mismatch
+
+        mismatch = k_mismatch(policies, str(head), k) if k is not None else None
+        if mismatch:
+            raise ConfigError(f"--k {k}: {mismatch}; or serve the head alone (--no-hybrid)")
         k, k_from = policies.k, "the k hybrid.json was fitted at"
     elif k is not None:
         k_from = "--k"

@@ -239,3 +239,31 @@ def test_hydra_flags_and_a_multirun_sweep(tmp_path):
         capture_output=True, text=True, env=ENV, timeout=300,
     )  # fmt: skip
     one_paragraph(p, 2, "optim.lrr: no such config key")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_vllm_extraction_prints_one_line(smollm2_dir, tmp_path):
+    """The quickstart's data+extract child (train/run.py prepare_only=true, the vLLM backend in a spawned process):
+    Ctrl-C reaches the whole group; the extraction process exits quietly and the run says once what was kept."""
+    import signal
+    import time
+
+    log = tmp_path / "out.log"
+    args = [sys.executable, "-m", "draftsmith.train.run", "conf=eagle3_smollm2", f"output_dir={tmp_path / 'run'}",
+            "data.features_backend=vllm", "data.also=[]", "data.num_conversations=150", "data.heldout=8",
+            "prepare_only=true"]  # fmt: skip
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            args, stdout=f, stderr=subprocess.STDOUT, env=ENV, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+        t0 = time.time()
+        while "extract:" not in log.read_text() and proc.poll() is None and time.time() - t0 < 600:
+            time.sleep(1)
+        time.sleep(5)
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+        code = proc.wait(300)
+    text = log.read_text()
+    assert code == 130, text[-3000:]
+    assert "Traceback" not in text, text[-4000:]
+    assert text.count("interrupted (Ctrl-C)") == 1

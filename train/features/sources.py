@@ -215,7 +215,10 @@ def _extract_child(config_yaml: str, root: str, dtype: str, result: str) -> None
     from draftsmith.atomic import atomic_write_json
     from draftsmith.train.features.extract import extract
 
-    summary = extract(OmegaConf.create(config_yaml), root, dtype=dtype, backend="vllm")
+    try:
+        summary = extract(OmegaConf.create(config_yaml), root, dtype=dtype, backend="vllm")
+    except KeyboardInterrupt:  # Ctrl-C reaches this process too: the parent says what was kept, in one line
+        raise SystemExit(130) from None
     atomic_write_json(Path(result), summary)
 
 

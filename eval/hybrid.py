@@ -330,14 +330,23 @@ def fit_conversations(
     if exclude:  # e.g. a run's heldout_prompts.jsonl: those first turns never reach the fit
         banned = {prompt_key(p) for p in render_prompts(tokenizer, load_prompts(exclude))}
         log(f"fit-hybrid: {len(banned)} prompts of {exclude} excluded")
-    prompts = []
+    from transformers import AutoConfig
+
+    # a first turn the target cannot answer in full (its prompt + max_tokens past the target's positions) is passed
+    # over, as regeneration passes over long prompts: vLLM would refuse it and stop the fit
+    limit = getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", None)
+    prompts, too_long = [], 0
     turns = first_turns(str(data), None if banned else skip + num_conversations)  # read as far as the fit takes
     for rec in itertools.islice(turns, skip, None):
         (ids,) = render_prompts(tokenizer, [rec])  # one at a time: only as many as the fit takes are rendered
-        if prompt_key(ids) not in banned:
+        if limit and len(ids) + max_tokens > limit:
+            too_long += 1
+        elif prompt_key(ids) not in banned:
             prompts.append(ids)
             if len(prompts) == num_conversations:
                 break
+    if too_long:
+        log(f"fit-hybrid: {too_long} first turns passed over: prompt + {max_tokens} tokens exceed the target's {limit}")
     if not prompts:
         raise ValueError(f"{data}: no conversations to fit on (skip={skip})")
     how = "greedily" if temperature == 0 else f"at temperature {temperature:g} (seed {seed})"

@@ -26,7 +26,9 @@ ENV = {
     "OMP_NUM_THREADS": "1",
     "DRAFTSMITH_DEBUG": "",
 }
-SERVER_FLAGS = ["--", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "16"]
+# both servers in float32, as draftsmith serve runs a CPU build (vLLM's own default there is bfloat16, whose greedy
+# outputs differ from float32's)
+SERVER_FLAGS = ["--", "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "16"]
 
 
 def cli(*args, timeout=1800):
@@ -50,8 +52,9 @@ def head(smollm2_dir, tmp_path_factory):
     run = root / "run"
     p = subprocess.run(
         [sys.executable, str(ROOT / "train" / "run.py"), "conf=eagle3_smollm2", f"output_dir={run}",
-         "data.num_conversations=200", "data.also=[]", "data.heldout=16", f"optim.max_minutes={TRAIN_MINUTES}",
-         "eval_every=0", "save_every=0"],
+         # test_real_model's data, so the two share the cached regeneration and features
+         "data.num_conversations=200", "data.also=[]", "data.regen_max_tokens=128", "data.heldout=16",
+         f"optim.max_minutes={TRAIN_MINUTES}", "eval_every=0", "save_every=0", "wandb.mode=disabled"],
         capture_output=True, text=True, timeout=int(TRAIN_MINUTES * 60) + 900, env=ENV,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-4000:]

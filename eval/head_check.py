@@ -11,11 +11,11 @@ directory, when their last path components are equal.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path, PurePosixPath
 
 from draftsmith.serve.recipe import exported_depth
+from draftsmith.serve.recipe import read_json_dict as _read_json
 from draftsmith.train.checkpoint import CheckpointError, check_head_fits_target, nonfinite
 from draftsmith.train.heads import families
 
@@ -28,14 +28,6 @@ MODEL_FIELDS = (
     "num_attention_heads",
     "num_key_value_heads",
 )
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def exported_head_config(head_dir: str | os.PathLike) -> dict:

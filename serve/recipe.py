@@ -90,7 +90,8 @@ def head_method(head_dir: str) -> str:
     return method
 
 
-def _read_json(path: Path) -> dict:
+def read_json_dict(path: Path) -> dict:
+    """A JSON object file's contents; {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -102,19 +103,19 @@ def exported_depth(head_dir: str | Path) -> int | None:
     """The draft length an exported head was made for: an MLP speculator's n_predict, an EAGLE-3 head's recorded k
     (speculators_config; native dialect: the TTT depth draftsmith.json records); None where nothing says."""
     head_dir = Path(head_dir)
-    config = _read_json(head_dir / "config.json")
+    config = read_json_dict(head_dir / "config.json")
     if config.get("model_type") == "mlp_speculator":
         return config.get("n_predict")
     methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     k = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
-    return k or (_read_json(head_dir / "draftsmith.json").get("head_config") or {}).get("ttt_steps")
+    return k or (read_json_dict(head_dir / "draftsmith.json").get("head_config") or {}).get("ttt_steps")
 
 
 def recorded_target(head_dir: str | Path) -> str | None:
     """The target an export records (its verifier; older exports: the target it trained on)."""
     head_dir = Path(head_dir)
-    config = _read_json(head_dir / "config.json")
-    extra = _read_json(head_dir / "draftsmith.json")
+    config = read_json_dict(head_dir / "config.json")
+    extra = read_json_dict(head_dir / "draftsmith.json")
     verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     return (
         verifier

@@ -9,20 +9,13 @@ from pathlib import Path
 
 import pytest
 from test_distributed import chats, tiny_args
+from test_user_errors import ENV
 
 from draftsmith.eval.head_check import check_depth
 from draftsmith.train.checkpoint import CheckpointError, checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "train" / "run.py"
-ENV = {
-    **os.environ,
-    "WANDB_MODE": "disabled",
-    "OMP_NUM_THREADS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "DRAFTSMITH_DEBUG": "",
-    "HYDRA_FULL_ERROR": "",
-}
 
 
 def cli(*args, env=None, timeout=300, cwd=ROOT):

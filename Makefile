@@ -16,10 +16,10 @@ quickstart: setup
 
 # two workers, one core each (tests/conftest.py), each test module on one worker (its fixtures built once)
 test: setup lint
-	$(ACT) python -m pytest tests -v -n 2 --dist loadfile --durations=40
+	$(ACT) python -m pytest tests -v -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 test-fast: setup lint
-	$(ACT) python -m pytest tests -m "not slow" -n 2 --dist loadfile
+	$(ACT) python -m pytest tests -m "not slow" -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(ACT) ruff check . && ruff format --check .

@@ -24,21 +24,15 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_load beside this file
+from draftsmith.paths import make_portable  # noqa: E402
+from draftsmith.serve.cli import healthy  # noqa: E402
+
 ENV = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "VLLM_CPU_KVCACHE_SPACE": "2"}
 FLAGS = ["--enforce-eager", "--dtype", "float32", "--max-num-seqs", "16"]
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def serve(argv: list[str], url: str, log: Path, timeout: float = 900.0) -> subprocess.Popen:
@@ -135,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             row["match_vs_none"] = sum(a == b for a, b in zip(row["output_sha1"], ref)) / len(ref)
     (out / "serve_http.json").write_text(json.dumps(record, indent=1) + "\n")
     (out / "serve_http.md").write_text(table(record))
+    make_portable(out)  # committed records name no machine's paths
     print(table(record))
     return 0
 

@@ -139,7 +139,8 @@ def _cpu_build() -> bool:
     return current_platform.is_cpu()
 
 
-def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """(HTTP status, body) of a GET; status 0 when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")
@@ -147,6 +148,11 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return e.code, ""
     except (urllib.error.URLError, OSError):
         return 0, ""
+
+
+def healthy(url: str) -> bool:
+    """Whether the server at `url` (http://host:port) answers /health with 200."""
+    return get(f"{url}/health", timeout=2.0)[0] == 200
 
 
 def _wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> None:
@@ -158,7 +164,7 @@ def _wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> None:
                 f"the vLLM server stopped before it was ready (exit status {code}); its log above says why (a policy "
                 "fitted for another head or k, a vLLM outside the tested range and a port in use are refused there)"
             )
-        if _get(f"{url}/health", timeout=2.0)[0] == 200:
+        if healthy(url):
             return
         time.sleep(1.0)
     raise ServerError(f"the vLLM server did not answer {url}/health within {timeout:g} s; stopped it")
@@ -168,7 +174,7 @@ def _check_hybrid_metrics(url: str) -> None:
     """The hybrid's counters are on /metrics only when its wrap runs in the engine: refuse a server without it."""
     from draftsmith.serve.metrics import HYBRID_PREFIX
 
-    code, text = _get(f"{url}/metrics")
+    code, text = get(f"{url}/metrics")
     if code != 200 or HYBRID_PREFIX not in text:
         raise ServerError(
             f"the server at {url} answers, but its /metrics has no {HYBRID_PREFIX}* counters: the hybrid drafter's "

@@ -25,6 +25,41 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# Longest files first. With `--dist loadfile` a file runs whole on one worker, so a long file that starts last is the
+# run's tail; xdist's default reorder (most tests first) started the real-model and live-server files, one to five
+# tests each, last. Serial seconds per file on a 2-core AVX2 EPYC (bench/results/2026-12-05/avx2_zen3/
+# make_test_durations.txt; test_serve_live from its 2026-12-06 runs); files not named keep collection order after
+# these. `make test` passes --no-loadscope-reorder so this order is the one the workers take files in.
+FILE_SECONDS = {
+    "test_serve_live.py": 1200,
+    "test_real_model.py": 1170,
+    "test_mlp_real_model.py": 864,
+    "test_architectures.py": 819,
+    "test_vllm_contract.py": 662,
+    "test_adapt.py": 232,
+    "test_matrix.py": 140,
+    "test_mlp_serving.py": 135,
+    "test_batch_sweep.py": 134,
+    "test_extract.py": 109,
+    "test_offline_memory.py": 107,
+    "test_shipped.py": 99,
+    "test_distributed.py": 93,
+    "test_eval.py": 84,
+    "test_features.py": 72,
+    "test_user_errors.py": 71,
+    "test_probes_round3.py": 60,
+    "test_mlp_train.py": 52,
+    "test_train.py": 37,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.path, i)
+    items.sort(key=lambda item: (-FILE_SECONDS.get(item.path.name, 0), first[item.path]))
+
+
 TINY = dict(
     hidden_size=128,  # vLLM's CPU attention supports head_dim 32..256, not smaller
     intermediate_size=256,

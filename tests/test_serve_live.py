@@ -10,10 +10,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from draftsmith.serve.cli import healthy
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +89,7 @@ class Server:
         t0 = time.time()
         while time.time() - t0 < timeout:
             assert self.proc.poll() is None, self.output()[-4000:]
-            if (line is None and _health(self.url)) or (line is not None and line in self.output()):
+            if (line is None and healthy(self.url)) or (line is not None and line in self.output()):
                 return
             time.sleep(2)
         raise AssertionError(f"{self.url} not ready in {timeout} s:\n{self.output()[-4000:]}")
@@ -107,14 +108,6 @@ class Server:
                 self.proc.wait()
         self.log.close()
         return self.proc.returncode, self.log_path.read_text(errors="replace")
-
-
-def _health(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -223,5 +216,5 @@ def test_a_policy_for_another_head_stops_a_plain_vllm_server_before_it_is_ready(
         server.proc.wait(900)
     finally:
         code, text = server.stop()
-    assert code != 0 and not _health(server.url)
+    assert code != 0 and not healthy(server.url)
     assert "was fitted for another head" in text, text[-4000:]

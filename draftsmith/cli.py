@@ -9,6 +9,8 @@ draftsmith extract --out DIR conf=NAME     # target features once, as shards (da
 draftsmith quickstart                      # the README's main job, end to end
 draftsmith adapt RUN --traffic F --out DIR  # fit a head to its traffic, promoted only when it wins
 draftsmith serve exported/eagle3_smollm2   # vLLM's OpenAI server with the head (and its hybrid), as measured
+draftsmith convert SRC OUT --target T      # a head from another project -> a draftsmith run (or an export)
+draftsmith doctor HEAD --target T          # why a head accepts less than it should, measured
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ VERBS = {
     "adapt": (
         "draftsmith.adapt",
         "fit a trained head to the traffic it serves; export it only if it wins (`draftsmith adapt --help`)",
+    ),
+    "convert": (
+        "draftsmith.convert.cli",
+        "read a head from another project (EAGLE-3 release, SpecForge, speculators, IBM MLP) as a run or an export",
+    ),
+    "doctor": (
+        "draftsmith.convert.doctor",
+        "check a head in any layout against its target, name what lowers acceptance, measure it (and the fix)",
     ),
     "prepare-target": ("draftsmith.prepare", "convert the embedded SmolLM2 GGUF target to a safetensors HF directory"),
 }

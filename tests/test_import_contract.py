@@ -14,6 +14,7 @@ FOLDERS = {
     "export": "draftsmith.export",
     "eval": "draftsmith.eval",
     "serve": "draftsmith.serve",
+    "convert": "draftsmith.convert",
 }
 # the ground floor: what every other room may use, and which uses nothing above it
 GROUND = {f"draftsmith.{m}" for m in ("assets", "atomic", "errors", "paths", "generate", "serve.runner", "serve.fixes")}

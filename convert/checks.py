@@ -38,7 +38,9 @@ def embeddings(head: ForeignHead, target_embed: torch.Tensor) -> list[Finding]:
                         f"target's {tuple(target_embed.shape)}: vLLM refuses or mis-reads it")]  # fmt: skip
     a, b = own.float(), target_embed.float()
     if torch.allclose(a, b, rtol=1e-2, atol=1e-3):
-        return [Finding("ok", "embed_tokens", "the checkpoint carries the target's embed_tokens (vLLM loads this copy)")]
+        return [
+            Finding("ok", "embed_tokens", "the checkpoint carries the target's embed_tokens (vLLM loads this copy)")
+        ]
     cos = torch.nn.functional.cosine_similarity(a, b, dim=-1).mean().item()
     kind = "random (rows unrelated to the target's)" if abs(cos) < 0.2 else "not the target's"
     return [
@@ -93,9 +95,12 @@ def rope(head: ForeignHead, target_config) -> list[Finding]:
         out.append(Finding("warn", "rope", f"rope scaling head={kind(c.get('rope_scaling'))} target="
                            f"{kind(theirs.rope_scaling)}"))  # fmt: skip
     if c.get("max_position_embeddings", 0) < theirs.max_position_embeddings:
-        out.append(Finding("warn", "positions", f"max_position_embeddings head={c['max_position_embeddings']} < "
-                           f"target={theirs.max_position_embeddings}: vLLM refuses a max_model_len past the head's"))  # fmt: skip
-    return out or [Finding("ok", "rope", f"theta {c['rope_theta']:g}, scaling {kind(c.get('rope_scaling'))}: the target's")]
+        text = (f"max_position_embeddings head={c['max_position_embeddings']} < target="
+                f"{theirs.max_position_embeddings}: vLLM refuses a max_model_len past the head's")  # fmt: skip
+        out.append(Finding("warn", "positions", text))
+    return out or [
+        Finding("ok", "rope", f"theta {c['rope_theta']:g}, scaling {kind(c.get('rope_scaling'))}: the target's")
+    ]
 
 
 def tokenizer(src: Path, target: str) -> list[Finding]:
@@ -131,7 +136,9 @@ def dtypes(src: Path, head: ForeignHead) -> list[Finding]:
     if halves:
         out.append(Finding("fail", "dtype", f"{', '.join(halves[:3])}: float16 values at the format's limit "
                            "(saturated in a conversion)"))  # fmt: skip
-    return out or [Finding("ok", "dtype", f"tensors {sorted(str(d).removeprefix('torch.') for d in floats)}, all finite")]
+    return out or [
+        Finding("ok", "dtype", f"tensors {sorted(str(d).removeprefix('torch.') for d in floats)}, all finite")
+    ]
 
 
 def verifier(src: Path, head: ForeignHead, target: str) -> list[Finding]:

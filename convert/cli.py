@@ -92,8 +92,9 @@ def init_overrides(head: ForeignHead) -> list[str]:
     """The training overrides that give a run this head's shape (what head.init_from compares)."""
     c = head.config
     if head.family == "mlp_speculator":
+        reduced = c["draft_vocab_size"] if c["draft_vocab_size"] < c["vocab_size"] else 0
         keys = {"n_predict": c["n_predict"], "inner_dim": c["inner_dim"], "tie_weights": c["tie_weights"],
-                "scale_input": c["scale_input"], "draft_vocab_size": c["draft_vocab_size"] if c["draft_vocab_size"] < c["vocab_size"] else 0}  # fmt: skip
+                "scale_input": c["scale_input"], "draft_vocab_size": reduced}  # fmt: skip
         return ["head.family=mlp_speculator", *(f"head.{k}={json.dumps(v)}" for k, v in keys.items())]
     keys = {k: c[k] for k in ("draft_vocab_size", "intermediate_size", "num_layers", "norm_before_residual",
                               "norm_before_fc", "fc_norm")}  # fmt: skip
@@ -110,6 +111,13 @@ def main(argv: list[str]) -> int:
     head = read_any(src, target_config, args.layout)
     check_fits(head, target_config, src)
     head.config.setdefault("target", {})["name_or_path"] = target
+    positions = getattr(target_config, "max_position_embeddings", None)
+    if head.family != "mlp_speculator" and positions and head.config["max_position_embeddings"] < positions:
+        # positions only bound the rope table: the target's, so vLLM serves its whole context (and a run continues)
+        head.notes.append(
+            f"max_position_embeddings {head.config['max_position_embeddings']} -> the target's {positions}"
+        )
+        head.config["max_position_embeddings"] = positions
     provenance = {"converted_from": {"path": str(src.resolve()), "layout": head.layout, "target": target}}
     from draftsmith.export.destination import check_export_destination
 
@@ -127,7 +135,9 @@ def main(argv: list[str]) -> int:
     for note in head.notes:
         print(f"  {note}")
     if head.extra.get("embed_tokens.weight") is not None:
-        print("  embed_tokens.weight left out: a draftsmith head borrows the target's (draftsmith doctor compares them)")
+        print(
+            "  embed_tokens.weight left out: a draftsmith head borrows the target's (draftsmith doctor compares them)"
+        )
     if args.to == "run":
         print("continue training from it (the overrides give the run this head's shape):")
         print(f"  draftsmith train conf=<preset> target.name_or_path={target} head.init_from={out} "

@@ -119,12 +119,18 @@ def variants(head: ForeignHead, other_reading: ForeignHead | None, target_config
         if all(0 <= i < n for i in moved) and (other_reading is None or moved != other_reading.config["aux_layer_ids"]):
             out.append(changed(f"aux ids {d:+d}", f"aux ids {moved}", aux_layer_ids=moved))
     nbr = not head.config["norm_before_residual"]
-    out.append(changed(f"norm_before_residual={str(nbr).lower()}", f"norm_before_residual {nbr}", norm_before_residual=nbr))
+    out.append(
+        changed(f"norm_before_residual={str(nbr).lower()}", f"norm_before_residual {nbr}", norm_before_residual=nbr)
+    )
     from draftsmith.train.heads.eagle3 import Eagle3Config
 
     theirs = Eagle3Config.from_target(target_config, 1, [0])
     if (theirs.rope_theta, theirs.rope_scaling) != (head.config["rope_theta"], head.config.get("rope_scaling")):
-        out.append(changed("target's rope", "rope: the target's", rope_theta=theirs.rope_theta, rope_scaling=theirs.rope_scaling))
+        out.append(
+            changed(
+                "target's rope", "rope: the target's", rope_theta=theirs.rope_theta, rope_scaling=theirs.rope_scaling
+            )
+        )
     return out
 
 

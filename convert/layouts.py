@@ -76,7 +76,9 @@ def load_weights(src: Path) -> dict[str, torch.Tensor]:
     files = sorted(src.glob("*.safetensors"))
     files = [f for f in files if f.name != "draft_vocab.safetensors"] or sorted(src.glob("pytorch_model*.bin"))
     if not files:
-        raise ConvertError(f"{src}: no model.safetensors, *.safetensors shards or pytorch_model.bin to read weights from")
+        raise ConvertError(
+            f"{src}: no model.safetensors, *.safetensors shards or pytorch_model.bin to read weights from"
+        )
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -209,7 +211,9 @@ def _eagle3(src: Path, layout: str, cfg: dict, tensors: dict, target_config, not
     speculators = layout == "speculators"
     layer = cfg["transformer_layer_config"] if speculators else cfg
     eagle = cfg.get("eagle_config") or {}
-    parallel = cfg.get("speculators_model_type") == "peagle" or (not speculators and cfg.get("mask_token_id") is not None)
+    parallel = cfg.get("speculators_model_type") == "peagle" or (
+        not speculators and cfg.get("mask_token_id") is not None
+    )
     n_target = target_config.num_hidden_layers
     if speculators:
         ids = cfg.get("eagle_aux_hidden_state_layer_ids")
@@ -251,7 +255,9 @@ def _eagle3(src: Path, layout: str, cfg: dict, tensors: dict, target_config, not
     draft = int(cfg.get("draft_vocab_size") or state["lm_head.weight"].shape[0])
     vocab = int(state["t2d"].numel() if "t2d" in state else layer.get("vocab_size", target_config.vocab_size))
     if state["lm_head.weight"].shape[0] != draft:
-        raise ConvertError(f"{where}: draft_vocab_size {draft}, but lm_head.weight has {state['lm_head.weight'].shape[0]} rows")
+        raise ConvertError(
+            f"{where}: draft_vocab_size {draft}, but lm_head.weight has {state['lm_head.weight'].shape[0]} rows"
+        )
     target_hidden = int(cfg.get("target_hidden_size") or state["fc.weight"].shape[1] // len(ids))
     theta, scaling = _rope(layer)
     H = int(layer["hidden_size"])
@@ -356,7 +362,9 @@ def _mlp(src: Path, cfg: dict, tensors: dict, target_config, notes: list[str]) -
     maps = {k: state.pop(k) for k in ("d2t", "t2d") if k in state}
     missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or extra:
-        raise ConvertError(f"{where}: tensors that cannot be mapped: missing {missing or 'none'}, unexpected {extra or 'none'}")
+        raise ConvertError(
+            f"{where}: tensors that cannot be mapped: missing {missing or 'none'}, unexpected {extra or 'none'}"
+        )
     wrong = {k: (tuple(state[k].shape), v) for k, v in want.items() if tuple(state[k].shape) != tuple(v)}
     if wrong:
         raise ConvertError(f"{where}: tensor shapes differ from the config's (got, want): {wrong}")

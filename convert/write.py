@@ -89,7 +89,10 @@ def _eagle_tensors(head: ForeignHead, cfg, dtype: str) -> dict[str, torch.Tensor
 def _refuse_unwritable(cfg, layout: str) -> None:
     reasons = [
         (cfg.parallel_drafting, "a P-EAGLE head (parallel drafting)"),
-        (cfg.norm_before_residual, "norm_before_residual: true (their decoder layer adds the residual before the norm)"),
+        (
+            cfg.norm_before_residual,
+            "norm_before_residual: true (their decoder layer adds the residual before the norm)",
+        ),
         (cfg.norm_before_fc, "norm_before_fc: true (their fc reads the aux states as they are)"),
     ]
     bad = [why for cond, why in reasons if cond]

@@ -4,7 +4,8 @@
     python bench/serve_http.py --head outputs/quickstart/exported --prompts outputs/quickstart/heldout_prompts.jsonl \
         --out bench/results/DAY/serve_http
 
-Over HTTP, one server at a time on loopback, each measured by `draftsmith eval live` at --levels concurrency:
+Over HTTP, one server at a time on loopback, a fresh one per --levels concurrency (as in process: suffix decoding
+and the prefix cache remember what an earlier level served), each measured by `draftsmith eval live`:
 `none`, `ngram`, `suffix` through vLLM's server module (the speculative_config eval acceptance gives them), the head
 alone through `draftsmith serve --no-hybrid` and `hybrid(head)` through `draftsmith serve` (k from hybrid.json). In
 process: `draftsmith eval acceptance` with the same methods, prompts, max_tokens and k, with `--batch-sizes` equal to
@@ -97,18 +98,24 @@ def main(argv: list[str] | None = None) -> int:
         "server_flags": FLAGS, "http": {}, "in_process": {},
     }  # fmt: skip
     for name, cmd in servers.items():
-        print(f"serve_http: {name} over HTTP ...", flush=True)
-        proc = serve(cmd, url, out / "logs" / f"{name}.log")
-        try:
-            record["http"][name] = measure(url, args.prompts, levels, args.max_tokens, num_prompts=args.num_prompts)
-            if name == "hybrid(head)" and args.load:  # load and faults on the same server (bench/serve_load.py)
-                from serve_load import run as load
+        for level in levels:  # a fresh server per level, as in process: suffix decoding (the hybrid's member too)
+            # and the prefix cache would otherwise serve a level the answers an earlier level produced
+            print(f"serve_http: {name} over HTTP at concurrency {level} ...", flush=True)
+            proc = serve(cmd, url, out / "logs" / f"{name}-c{level}.log")
+            try:
+                got = measure(url, args.prompts, [level], args.max_tokens, num_prompts=args.num_prompts)
+                if name not in record["http"]:
+                    record["http"][name] = got
+                else:
+                    record["http"][name]["levels"].update(got["levels"])
+                if name == "hybrid(head)" and level == levels[-1] and args.load:  # load and faults (serve_load.py)
+                    from serve_load import run as load
 
-                prompts = load_prompts(args.prompts, 64)
-                record["load"] = load(url, prompts, args.load, 16, 10, 10, 32)
-                print(f"serve_http: load {args.load} requests at concurrency 16: passed={record['load']['passed']}")
-        finally:
-            stop(proc)
+                    prompts = load_prompts(args.prompts, 64)
+                    record["load"] = load(url, prompts, args.load, 16, 10, 10, 32)
+                    print(f"serve_http: load {args.load} requests at concurrency 16: passed={record['load']['passed']}")
+            finally:
+                stop(proc)
     print("serve_http: in process (eval acceptance) ...", flush=True)
     result = run_acceptance(
         target, args.prompts, ["none", "ngram", "suffix"], {"head": head}, k=k, max_tokens=args.max_tokens,

@@ -116,3 +116,69 @@ def test_matrix_on_smollm2_calibrates_reference_against_vllm(smollm2_dir, traine
     print(json.dumps(r["oracle"], indent=1))
     report = (out / "report.md").read_text()
     assert "## Calibration" in report and "trained" in report and "## Oracle" in report
+
+
+def _doctor(*args, timeout=900):
+    return subprocess.run(
+        [sys.executable, "-m", "draftsmith.cli", "doctor", *map(str, args), "--target", "smollm2", "--num-prompts", "4",
+         "--max-tokens", "32"],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def as_specforge(trained_run, tmp_path_factory):
+    """The trained head as SpecForge writes it (its own copy of the target's embed_tokens, ids one layer earlier)."""
+    out = tmp_path_factory.mktemp("doctor") / "specforge"
+    p = subprocess.run([sys.executable, "-m", "draftsmith.cli", "convert", str(trained_run), str(out), "--to",
+                        "specforge"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+def test_doctor_raises_no_alarm_on_the_trained_head(as_specforge):
+    p = _doctor(as_specforge, "--from", "specforge")
+    assert p.returncode == 0 and "FAIL" not in p.stdout, p.stdout + p.stderr[-3000:]
+    assert "no candidate fix gives" in p.stdout
+
+
+def test_doctor_measures_random_embeddings_before_and_after_the_fix(as_specforge, trained_run, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.train.checkpoint import read_head
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((as_specforge / "config.json").read_text())
+    t = load_file(as_specforge / "model.safetensors")
+    torch.manual_seed(0)
+    t["embed_tokens.weight"] = torch.randn_like(t["embed_tokens.weight"]) * t["embed_tokens.weight"].std()
+    save_file(t, bad / "model.safetensors")
+    p = _doctor(bad, "--from", "specforge", "--json", tmp_path / "d.json", "--write-fixed", tmp_path / "fixed")
+    assert p.returncode == 1 and "FAIL  embed_tokens" in p.stdout, p.stdout + p.stderr[-3000:]
+    measured = json.loads((tmp_path / "d.json").read_text())["measured"]
+    before, after = (measured[v]["tokens_per_target_step"] for v in ("as served", "target's embed_tokens"))
+    print(f"random embed_tokens: {before:.3f} tokens per target step as served, {after:.3f} with the fix")
+    assert after >= 1.1 * before, measured
+    assert "target's embed_tokens:" in p.stdout and "the likely cause" in p.stdout
+    fixed, trained = read_head(tmp_path / "fixed")[2], read_head(trained_run)[2]
+    assert all(torch.equal(fixed[k].float(), trained[k].float()) for k in trained)  # the head itself, unharmed
+
+
+def test_doctor_names_aux_ids_in_specforges_numbering_served_as_vllms(as_specforge):
+    p = _doctor(as_specforge)  # no --from: vLLM would serve the recorded ids as they are
+    assert p.returncode == 1, p.stdout + p.stderr[-3000:]
+    assert "WARN  aux_layer_ids" in p.stdout and "SpecForge's numbering (+1):" in p.stdout, p.stdout
+
+
+def test_doctor_names_a_flipped_norm_flag(trained_run, tmp_path):
+    out = tmp_path / "exported"
+    p = subprocess.run([sys.executable, "-m", "draftsmith.cli", "export", "--format", "vllm", str(trained_run),
+                        str(out), "--k", "3"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    (out / "draftsmith.json").unlink()  # a speculators head from elsewhere, with the flag written wrong
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["norm_before_residual"] = not cfg["norm_before_residual"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    p = _doctor(out)
+    assert p.returncode == 1 and "norm_before_residual=" in p.stdout and "the likely cause" in p.stdout, p.stdout

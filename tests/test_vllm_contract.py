@@ -68,6 +68,16 @@ def tiny_setup(tiny_target_dir, tmp_path_factory):
                 dialect=d,
                 target_config=model.config,
             )
+    # the plain head as SpecForge writes it (tests/foreign_layouts.py, from its documented names), then `draftsmith
+    # convert --to vllm`: what a user holding a SpecForge head serves
+    import foreign_layouts
+
+    from draftsmith.cli import main as cli_main
+
+    sf = foreign_layouts.specforge(heads["plain"], out / "specforge", model.get_input_embeddings().weight.detach())
+    dirs["plain", "converted"] = out / "plain-converted"
+    args = ["--from", "specforge", "--to", "vllm", "--k", "3", "--target", str(tiny_target_dir)]
+    assert cli_main(["convert", str(sf), str(dirs["plain", "converted"]), *args]) == 0
     return model, heads, dirs
 
 
@@ -89,6 +99,7 @@ def probe(target_dir, head_dir, prompt_ids, tmp_path, extra: dict | None = None)
     [
         ("plain", "speculators"),
         ("plain", "native"),
+        ("plain", "converted"),  # a SpecForge-layout head through draftsmith convert
         ("norm_before_fc", "speculators"),
         ("both_fc_norms", "native"),
         ("two_layers", "speculators"),

@@ -11,6 +11,10 @@ level's wall time, percentiles. From the server's Prometheus /metrics (counter d
 accepted tokens, per-position acceptance, tokens per target step, and the hybrid drafter's per-source counts when it
 serves one. `--baseline URL` (a server without speculation, same target) answers the same prompts: each output is
 compared with it (greedy speculation must not change a token). Writes live.json and live.md to --out.
+
+The levels run one after another on the same server: suffix decoding (alone or as the hybrid's member) and vLLM's
+prefix cache remember what an earlier level served, so a later level of the same prompts drafts from those answers.
+To compare levels, measure each on a freshly started server (bench/serve_http.py does).
 """
 
 from __future__ import annotations

@@ -25,12 +25,13 @@ SCRIPTS = {
     "mlp_stage2.sh": {3.0, 6.0},  # the 1+2 arm's two halves
     "mlp_hour.sh": {60},
     "quickstart_lever.sh": {16.2},  # without a quickstart's plan.json: the 2026-12-01 slow record's minutes
+    "convert_finetune.sh": {10},
 }
 # the preset each harness's runs start from (mlp_smollm2 where not named)
-PRESET_OF = {"quickstart_lever.sh": "eagle3_smollm2"}
+PRESET_OF = {"quickstart_lever.sh": "eagle3_smollm2", "convert_finetune.sh": "eagle3_smollm2"}
 # harnesses that train nothing (they serve what a run made), with the arguments after OUT
 SERVE_ONLY = {"quickstart_reserve.sh": ["QS_OUT"]}
-ARGS_BEFORE_OUT = {**SERVE_ONLY, "quickstart_lever.sh": ["QS_OUT"]}
+ARGS_BEFORE_OUT = {**SERVE_ONLY, "quickstart_lever.sh": ["QS_OUT"], "convert_finetune.sh": ["RUN"]}
 NOT_OVERRIDES = {"conf", "output_dir", "resume"}  # which preset, where, and resume=auto: no setting of the run
 
 

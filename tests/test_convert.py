@@ -229,6 +229,18 @@ def test_a_converted_head_trains_from_its_weights(target8, tmp_path, capsys):
     moved = (end["fc.weight"] - start["fc.weight"]).abs().max().item()
     assert 0 < moved < 0.1 * start["fc.weight"].abs().max().item()  # trained a little, from those weights
 
+    # head.init_from also takes an export of ours as it is, and sends a foreign directory to convert first
+    exported = tmp_path / "exported"
+    assert convert(run, exported, "--to", "vllm", "--k", "3") == 0
+    again = [a.replace(str(run), str(exported)) for a in args if not a.startswith("output_dir=")]
+    p = subprocess.run([*again, f"output_dir={tmp_path / 'from_export'}", "optim.max_steps=1"], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "WANDB_MODE": "disabled"})  # fmt: skip
+    assert p.returncode == 0 and f"weights from head.init_from={exported}" in p.stdout + p.stderr, p.stderr[-3000:]
+    foreign = [a.replace(str(run), str(src)) for a in args if not a.startswith("output_dir=")]
+    p = subprocess.run([*foreign, f"output_dir={tmp_path / 'from_foreign'}"], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "WANDB_MODE": "disabled"})  # fmt: skip
+    assert p.returncode == 2 and "convert it first" in p.stderr and "Traceback" not in p.stderr, p.stderr[-3000:]
+
 
 # ---------------------------------------------------------------- doctor: static checks, one injected fault each
 

@@ -156,9 +156,20 @@ TRAINING_ONLY_KEYS = ("target", "ttt_steps")
 
 def init_checkpoint(head_cfg, family) -> tuple[dict, dict]:
     """head.init_from's (head.json meta, tensors), refused with one message when it holds another family's head."""
-    from draftsmith.train.checkpoint import load_head
+    from draftsmith.train.checkpoint import load_head, read_head
 
-    meta, state = load_head(head_cfg.init_from)
+    src = Path(head_cfg.init_from)
+    if (src / "draftsmith.json").is_file():  # an export of ours: its tensors under the checkpoint keys
+        family_read, config, state, _ = read_head(src)
+        meta = {"family": family_read.name, "config": config}
+    elif (src / "config.json").is_file() and not (src / "head.json").is_file() and not (src / "checkpoints").is_dir():
+        raise ConfigError(
+            f"head.init_from={src}: a head in another project's layout (config.json, no draftsmith checkpoint); "
+            f"convert it first, `draftsmith convert {src} OUT --target TARGET`, and start from head.init_from=OUT "
+            "(convert prints the overrides that give the run its shape)"
+        )
+    else:
+        meta, state = load_head(src)
     theirs = meta.get("family", families.UNRECORDED)
     if theirs != family.name:
         raise ConfigError(

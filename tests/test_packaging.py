@@ -14,7 +14,11 @@ def test_wheel_ships_the_configs_and_trains_from_any_directory(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for name in ("draftsmith", "train", "export", "eval", "serve", "conf"):
+    import tomllib
+
+    folders = {d.split("/")[0] for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"].values()}  # fmt: skip
+    for name in sorted(folders):  # every folder pyproject maps into the package
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     p = subprocess.run(
@@ -32,6 +36,7 @@ def test_wheel_ships_the_configs_and_trains_from_any_directory(tmp_path):
         "draftsmith/conf/head/eagle3.yaml",
         "draftsmith/train/run.py",
         "draftsmith/serve/plugin.py",  # the vLLM entry point's module
+        "draftsmith/convert/cli.py",
         "draftsmith/data/regen/pools.json",  # the embedded default's regenerated answers (draftsmith/shipped.py)
         "draftsmith/data/regen/regen-smollm2-sharegpt.jsonl.xz",
     } <= names

@@ -120,8 +120,8 @@ def test_matrix_on_smollm2_calibrates_reference_against_vllm(smollm2_dir, traine
 
 def _doctor(*args, timeout=900):
     return subprocess.run(
-        [sys.executable, "-m", "draftsmith.cli", "doctor", *map(str, args), "--target", "smollm2", "--num-prompts", "2",
-         "--max-tokens", "24"],
+        [sys.executable, "-m", "draftsmith.cli", "doctor", *map(str, args), "--target", "smollm2", "--num-prompts", "4",
+         "--max-tokens", "32"],
         capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.argtypes import positive_int
-from draftsmith.convert.layouts import LAYOUTS, ConvertError, ForeignHead, read_any, read_config
+from draftsmith.convert.layouts import LAYOUTS, ConvertError, ForeignHead, read_any
 from draftsmith.convert.write import TARGETS, write_eagle3, write_run, write_specforge, write_vllm
 
 
@@ -46,14 +46,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def recorded_target(src: Path) -> str | None:
-    """The target SRC names: a speculators verifier, or a draftsmith head's recorded target."""
-    if (src / "draftsmith.json").is_file():
-        return json.loads((src / "draftsmith.json").read_text()).get("verifier") or None
-    if (src / "config.json").is_file():
-        cfg = read_config(src)
-        verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-        if verifier:
-            return verifier
+    """The target SRC names: an export's or a speculators head's verifier (`serve.recipe.recorded_target`), or a
+    draftsmith run's recorded target."""
+    from draftsmith.serve.recipe import recorded_target as exported_target
+
+    found = exported_target(src)
+    if found or (src / "config.json").is_file():
+        return found
     try:
         from draftsmith.train.checkpoint import load_head
 

@@ -57,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=positive_int, default=3)
     p.add_argument("--no-measure", action="store_true", help="the static checks only (no target weights loaded)")
     p.add_argument("--write-fixed", default=None, metavar="OUT", help="write the fixed head as a run directory")
+    p.add_argument("--force", action="store_true", help="let --write-fixed replace a non-empty OUT (and all in it)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the findings and figures as JSON")
     return p
 
@@ -201,6 +202,10 @@ def main(argv: list[str]) -> int:
     src = Path(args.head)
     if not src.is_dir():
         raise ConvertError(f"{src}: no such directory")
+    if args.write_fixed:  # OUT is replaced whole: refused before anything runs unless it is new, empty or --force
+        from draftsmith.export.destination import check_export_destination
+
+        check_export_destination([src], args.write_fixed, force=args.force)
     target, target_config = resolve(src, args.target)
     head, findings, other = read(src, target_config, args.layout)
     report: dict = {"head": str(src), "target": target, "findings": [], "measured": {}}

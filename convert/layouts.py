@@ -40,18 +40,6 @@ EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Qwen3ForCau
 MLP_ARCH = "MLPSpeculatorPreTrainedModel"
 LAYOUTS = ("draftsmith", "speculators", "eagle3", "specforge", "vllm", "mlp")
 IDS_LAYOUTS = ("specforge", "vllm")  # the two readings of eagle_config's aux ids in a LlamaForCausalLMEagle3 config
-LAYER_KEYS = (
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-    "input_layernorm.weight",
-    "hidden_norm.weight",
-    "post_attention_layernorm.weight",
-)
 
 
 class ConvertError(DraftsmithError, ValueError):

@@ -50,40 +50,23 @@ def write_run(head: ForeignHead, out: Path, provenance: dict) -> Path:
 
 
 def _layer_config(cfg, dtype: str) -> dict:
-    rope = {"rope_theta": cfg.rope_theta, "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None}
+    """The draft layer's config (export/vllm.py's) under their architecture, with the EAGLE-3 fields they read."""
+    from draftsmith.export.vllm import NATIVE_ARCH, transformer_layer_config
+
     return {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "num_hidden_layers": cfg.num_layers,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        **rope,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
+        **transformer_layer_config(cfg, dtype),
+        "architectures": [NATIVE_ARCH],
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
-        "tie_word_embeddings": False,
-        "torch_dtype": dtype,
+        "fc_norm": cfg.fc_norm,
     }
 
 
 def _eagle_tensors(head: ForeignHead, cfg, dtype: str) -> dict[str, torch.Tensor]:
+    from draftsmith.export.vllm import layout_tensors
     from draftsmith.train.heads.eagle3 import fold_fc_input_scale
 
-    state = fold_fc_input_scale(dict(head.state))
-    out = {}
-    for name, t in state.items():
-        if name.startswith("layers.0."):
-            name = "midlayer." + name[len("layers.0.") :]
-        out[name] = t.detach().cpu().contiguous() if not t.is_floating_point() else t.to(getattr(torch, dtype))
-    for i in range(1, cfg.num_layers):  # as vLLM's loader wants them (see export/vllm.py unused_norms)
-        out[f"layers.{i}.hidden_norm.weight"] = torch.ones(cfg.hidden_size, dtype=getattr(torch, dtype))
-    return out
+    return layout_tensors(fold_fc_input_scale(dict(head.state)), cfg, dtype, midlayer=True)
 
 
 def _refuse_unwritable(cfg, layout: str) -> None:
@@ -108,7 +91,6 @@ def write_specforge(head: ForeignHead, out: Path, target: str | Path, dtype: str
     cfg = Eagle3Config(**head.config)
     _refuse_unwritable(cfg, "specforge")
     config = _layer_config(cfg, dtype)
-    config["fc_norm"] = cfg.fc_norm
     config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids]}
     tensors = _eagle_tensors(head, cfg, dtype)
     embed = target_embeddings(target)
@@ -138,7 +120,6 @@ def write_eagle3(head: ForeignHead, out: Path, dtype: str = "float32") -> Path:
             f"this head reads {list(cfg.aux_layer_ids)}: write --to specforge or --to vllm (they record the ids)"
         )
     config = _layer_config(cfg, dtype)
-    config["fc_norm"] = cfg.fc_norm
     with atomic_dir(out) as tmp:
         torch.save(_eagle_tensors(head, cfg, dtype), tmp / "pytorch_model.bin")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")

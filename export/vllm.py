@@ -250,6 +250,23 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     return config
 
 
+def layout_tensors(state: dict, cfg: Eagle3Config, dtype: str, midlayer: bool) -> dict[str, torch.Tensor]:
+    """The tensors to write (fc_in_scale already folded): layer 0 as `midlayer.*` where the layout names it so, the
+    later layers' `hidden_norm` vLLM's loader wants (`unused_norms`), floats in `dtype`, everything on CPU."""
+    state = {**state, **{name: torch.ones(cfg.hidden_size) for name in unused_norms(cfg.num_layers)}}
+    torch_dtype = getattr(torch, dtype)
+    tensors = {}
+    for name, t in state.items():
+        if midlayer and name.startswith("layers.0."):
+            name = "midlayer." + name[len("layers.0.") :]
+        tensors[name] = (
+            t.detach().to("cpu").contiguous()
+            if not t.is_floating_point()
+            else t.detach().to("cpu", torch_dtype).contiguous()
+        )
+    return tensors
+
+
 def export_eagle3(
     state: dict[str, torch.Tensor],
     cfg: Eagle3Config,
@@ -278,17 +295,7 @@ def export_eagle3(
     check_vocab_maps(state["d2t"], state["t2d"], cfg)
     if cfg.draft_vocab_size == cfg.vocab_size:  # identity map: vLLM wants no d2t/t2d for a full-vocab head
         state = {k_: v for k_, v in state.items() if k_ not in ("d2t", "t2d")}
-    state.update({name: torch.ones(cfg.hidden_size) for name in unused_norms(cfg.num_layers)})
-    torch_dtype = getattr(torch, dtype)
-    tensors = {}
-    for name, t in state.items():
-        if dialect == "native" and name.startswith("layers.0."):
-            name = "midlayer." + name[len("layers.0.") :]
-        tensors[name] = (
-            t.detach().to("cpu").contiguous()
-            if not t.is_floating_point()
-            else t.detach().to("cpu", torch_dtype).contiguous()
-        )
+    tensors = layout_tensors(state, cfg, dtype, midlayer=dialect == "native")
     config = (
         speculators_config(cfg, verifier, k or cfg.ttt_steps, dtype)
         if dialect == "speculators"

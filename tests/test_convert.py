@@ -269,6 +269,16 @@ def _fault(src: Path, tensors=None, config=None) -> Path:
     return src
 
 
+def test_doctor_writes_the_fixed_head_only_where_nothing_is_lost(good, target8, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    code, out = doctor(capsys, good[1], "--target", target8, "--write-fixed", mine)
+    assert code == 2 and "non-empty directory" in out and (mine / "notes.txt").read_text() == "keep me", out
+    code, out = doctor(capsys, good[1], "--target", target8, "--write-fixed", tmp_path / "fixed")
+    assert code == 0 and same_head(tmp_path / "fixed", good[0]).name == "eagle3", out
+
+
 def test_doctor_names_random_embeddings(target8, tmp_path, capsys):
     head = eagle_head(target8, ids=[1, 3, 6])
     ok = fl.specforge(head, tmp_path / "ok", target_embed(target8))

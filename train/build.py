@@ -156,21 +156,19 @@ TRAINING_ONLY_KEYS = ("target", "ttt_steps")
 
 def init_checkpoint(head_cfg, family) -> tuple[dict, dict]:
     """head.init_from's (head.json meta, tensors), refused with one message when it holds another family's head."""
-    from draftsmith.train.checkpoint import load_head, read_head
+    from draftsmith.train.checkpoint import read_head
 
     src = Path(head_cfg.init_from)
-    if (src / "draftsmith.json").is_file():  # an export of ours: its tensors under the checkpoint keys
-        family_read, config, state, _ = read_head(src)
-        meta = {"family": family_read.name, "config": config}
-    elif (src / "config.json").is_file() and not (src / "head.json").is_file() and not (src / "checkpoints").is_dir():
+    ours = (src / "draftsmith.json").is_file() or (src / "head.json").is_file() or (src / "checkpoints").is_dir()
+    if (src / "config.json").is_file() and not ours:
         raise ConfigError(
             f"head.init_from={src}: a head in another project's layout (config.json, no draftsmith checkpoint); "
             f"convert it first, `draftsmith convert {src} OUT --target TARGET`, and start from head.init_from=OUT "
             "(convert prints the overrides that give the run its shape)"
         )
-    else:
-        meta, state = load_head(src)
-    theirs = meta.get("family", families.UNRECORDED)
+    found, config, state, _ = read_head(src)  # a run, a checkpoint, or an export of ours (draftsmith.json)
+    meta = {"family": found.name, "config": config}
+    theirs = found.name
     if theirs != family.name:
         raise ConfigError(
             f"head.init_from={head_cfg.init_from}: holds a {theirs!r} head, not {family.name} (head.family)"

@@ -78,10 +78,17 @@ def read(src: Path, target_config, layout: str | None) -> tuple[ForeignHead | No
         except ConvertError as e2:
             return None, [note, Finding("fail", "layout", str(e2))], None
     try:
-        return read_any(src, target_config, found), [], None
+        head = read_any(src, target_config, found)
     except ConvertError as e:
         key = next((k for k in ("d2t", "t2d", "norm_output", "embed_tokens", "tensors") if k in str(e)), "layout")
         return None, [Finding("fail", key, str(e))], None
+    if head.layout == "modelopt":  # vLLM reads its ids as vLLM's own: one layer early (the "aux ids -1" row)
+        ids = head.config["aux_layer_ids"]
+        return head, [Finding("warn", "aux_layer_ids", f"a Model-Optimizer export records the layers it hooks (the "
+                              f"output of layer i); vLLM reads those ids as its own numbering (the input of layer "
+                              f"i) and drafts one layer early; read here as {ids}, and `draftsmith convert --to vllm` "
+                              f"writes them so")], None  # fmt: skip
+    return head, [], None
 
 
 def static_checks(src: Path, head: ForeignHead, target: str, target_config, target_embed) -> list[Finding]:

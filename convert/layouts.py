@@ -18,6 +18,9 @@ Layouts (docs/convert.md has the mapping table):
               vLLM's id = SpecForge's + 1 (SGLang adds the 1 itself; vLLM reading their number drafts from the wrong
               layers).
 * vllm        the same layout with those ids in vLLM's numbering (vLLM's own `LlamaForCausalLMEagle3` configs).
+* modelopt    NVIDIA Model-Optimizer's EAGLE-3 export: `LlamaForCausalLMEagle3` with its own `eagle_config` flags
+              (`use_aux_hidden_state`, `use_last_layernorm`, `parallel_draft_step`, ...), tensors `layers.{i}.*`,
+              `d2t` without `t2d`. Its ids are the layers it hooks (the output of layer i), SpecForge's numbering.
 * mlp         IBM's HF `MLPSpeculatorPreTrainedModel` (`speculator.{emb,proj,ln,head}.{i}.*`).
 
 EAGLE-1/2 and HASS heads (one hidden state in, `fc` over [embedding, hidden] with a bias, no draft vocab) and the
@@ -38,8 +41,12 @@ from draftsmith.errors import DraftsmithError
 
 EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Qwen3ForCausalLMEagle3", "Eagle3Qwen3ForCausalLM")
 MLP_ARCH = "MLPSpeculatorPreTrainedModel"
-LAYOUTS = ("draftsmith", "speculators", "eagle3", "specforge", "vllm", "mlp")
+LAYOUTS = ("draftsmith", "speculators", "eagle3", "specforge", "vllm", "modelopt", "mlp")
 IDS_LAYOUTS = ("specforge", "vllm")  # the two readings of eagle_config's aux ids in a LlamaForCausalLMEagle3 config
+# eagle_config keys only Model-Optimizer's export writes (its config template): they name the layout
+# (not use_aux_hidden_state: vLLM's own configs write it too)
+MODELOPT_KEYS = ("use_last_layernorm", "use_input_layernorm_in_first_layer", "use_mtp_layernorm", "next_layer_regular",
+                 "parallel_draft_step")  # fmt: skip
 
 
 class ConvertError(DraftsmithError, ValueError):
@@ -120,7 +127,10 @@ def detect(src: str | Path) -> str:
     if cfg.get("model_type") == "mlp_speculator" or MLP_ARCH in archs:
         return "mlp"
     if any(a in EAGLE3_ARCHS for a in archs):
-        ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        eagle = cfg.get("eagle_config") or {}
+        if any(k in eagle for k in MODELOPT_KEYS):
+            return "modelopt"
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids")
         if ids is None:
             return "eagle3"
         raise ConvertError(
@@ -211,9 +221,12 @@ def _eagle3(src: Path, layout: str, cfg: dict, tensors: dict, target_config, not
     else:
         ids = eagle.get("eagle_aux_hidden_state_layer_ids")
         nbr = cfg.get("norm_before_residual", False)
-        if layout == "specforge" and ids is not None:
-            notes.append(f"aux ids {list(ids)} in SpecForge's numbering -> {[i + 1 for i in ids]} in vLLM's")
+        if layout in ("specforge", "modelopt") and ids is not None:
+            who = "SpecForge's" if layout == "specforge" else "Model-Optimizer's (the layers it hooks)"
+            notes.append(f"aux ids {list(ids)} in {who} numbering -> {[i + 1 for i in ids]} in vLLM's")
             ids = [i + 1 for i in ids]
+        if layout == "modelopt":
+            _modelopt_flags(src, eagle, notes)
     if ids is None:
         ids = default_ids(n_target)
         notes.append(f"no aux ids recorded: the EAGLE-3 default {ids} for a {n_target}-layer target")
@@ -287,6 +300,24 @@ def _eagle3(src: Path, layout: str, cfg: dict, tensors: dict, target_config, not
     _vocab_maps(state, vocab, draft, where, notes)
     check_tensors(config, state, where)
     return ForeignHead(layout, "peagle" if parallel else "eagle3", config.to_dict(), state, extra, notes, cfg)
+
+
+def _modelopt_flags(src: Path, eagle: dict, notes: list[str]) -> None:
+    """Model-Optimizer's eagle_config flags: the EAGLE-3 wiring passes, any other is refused naming the flag."""
+    wrong = []
+    if eagle.get("use_aux_hidden_state") is False:
+        wrong.append("use_aux_hidden_state: false (an EAGLE-1/2 head: one hidden state in, no fc over aux layers)")
+    if eagle.get("use_last_layernorm") is False:
+        wrong.append("use_last_layernorm: false (no final norm before lm_head; every EAGLE-3 head has one)")
+    if eagle.get("use_mtp_layernorm"):
+        wrong.append("use_mtp_layernorm: true (MTP-style norms)")
+    if int(eagle.get("parallel_draft_step") or 1) > 1:
+        wrong.append(f"parallel_draft_step: {eagle['parallel_draft_step']} (Medusa-style parallel heads)")
+    if wrong:
+        raise ConvertError(
+            f"{src}/config.json: Model-Optimizer eagle_config {'; '.join(wrong)}: no draftsmith family has that wiring"
+        )
+    notes.append("Model-Optimizer export: lm_head and d2t as written, t2d derived, the target's embeddings borrowed")
 
 
 def check_tensors(config, state: dict, where: str) -> None:
@@ -373,7 +404,7 @@ def read_any(src: str | Path, target_config, layout: str | None = None) -> Forei
     found = None
     if layout is None or layout == "draftsmith":
         found = detect(src) if layout is None else "draftsmith"
-    if layout in IDS_LAYOUTS or layout in ("eagle3", "speculators", "mlp"):
+    if layout in IDS_LAYOUTS or layout in ("eagle3", "speculators", "modelopt", "mlp"):
         read_config(src)  # a clear error for a directory without one
         found = layout
     if found is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # `make test` runs the tiers on two pytest-xdist workers, one per core: each worker (and every engine, trainer and
 # extractor it starts, which inherit the mask) keeps to its own share of the cores, so the two never fight over
@@ -155,3 +156,20 @@ def tiny_target_dir(tmp_path_factory, smollm2_dir, tokenizer):
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def same_served_files(converted: Path, served: Path) -> None:
+    """vLLM (and the plugin's MLP proposer) builds a draft from config.json and the weights alone: equal files serve
+    equal drafts. draftsmith.json (provenance, the recorded target) is ours and may differ."""
+    import json
+
+    from safetensors.torch import load_file
+
+    assert json.loads((converted / "config.json").read_text()) == json.loads((served / "config.json").read_text())
+    names = sorted(p.name for p in served.glob("*.safetensors"))
+    assert names and names == sorted(p.name for p in converted.glob("*.safetensors"))
+    for f in names:
+        got, want = load_file(converted / f), load_file(served / f)
+        assert sorted(got) == sorted(want), f
+        for name in want:
+            assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), (f, name)

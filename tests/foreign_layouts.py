@@ -6,8 +6,11 @@ draftsmith's writers, so a reader bug cannot hide behind the same bug in a write
 * SpecForge: the same config + `eagle_config.eagle_aux_hidden_state_layer_ids` in its capture numbering (the layer
   whose output is taken: vLLM's id - 1), model.safetensors with its `embed_tokens.weight` (the target's copy).
 * vLLM native: as SpecForge's, the ids in vLLM's numbering, no embed_tokens.
-* speculators: `speculators_model_type: eagle3`, `transformer_layer_config`, `eagle_aux_hidden_state_layer_ids`,
-  `speculators_config.verifier`, tensors `layers.0.*`.
+* speculators: `speculators_model_type: eagle3` (P-EAGLE: `peagle`, `mask_token_id`, tensor `mask_hidden`),
+  `transformer_layer_config`, `eagle_aux_hidden_state_layer_ids`, `speculators_config.verifier`, tensors `layers.0.*`.
+* Model-Optimizer: its config template (`LlamaForCausalLMEagle3` + `eagle_config` with `use_aux_hidden_state`,
+  `use_last_layernorm`, `parallel_draft_step`, ..., aux ids in the numbering of the layers it hooks: vLLM's - 1),
+  model.safetensors with `layers.{i}.*`, `fc`, `norm`, `lm_head`, `d2t` (no t2d, no embed_tokens).
 * IBM MLPSpeculator: `model_type: mlp_speculator`, emb_dim / inner_dim / n_predict / vocab_size, tensors
   `speculator.{emb,proj,ln,head}.{i}.*`.
 """
@@ -94,20 +97,43 @@ def speculators(head, out: Path, verifier: str) -> Path:
     cfg = head.config
     config = {
         "architectures": ["Eagle3DraftModel"],
-        "speculators_model_type": "eagle3",
+        "speculators_model_type": "peagle" if cfg.parallel_drafting else "eagle3",
         "transformer_layer_config": {"architectures": ["LlamaForCausalLM"], **_layer(cfg)},
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {}),
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": "peagle" if cfg.parallel_drafting else "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
         },
     }
     return _write(out, config, _tensors(head, midlayer=False))
+
+
+def modelopt(head, out: Path) -> Path:
+    cfg = head.config
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        **_layer(cfg),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "rope_scaling": None,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids],
+            "use_aux_hidden_state": True,
+            "use_input_layernorm_in_first_layer": True,
+            "use_last_layernorm": True,
+            "use_mtp_layernorm": False,
+            "next_layer_regular": True,
+            "parallel_draft_step": 1,
+            "parallel_draft_heads_num_layers": None,
+        },
+    }
+    tensors = {k: v for k, v in _tensors(head, midlayer=False).items() if k != "t2d"}
+    return _write(out, config, tensors)
 
 
 def ibm_mlp(head, out: Path) -> Path:

@@ -88,7 +88,7 @@ def same_head(path, head, **config):
     return family
 
 
-@pytest.mark.parametrize("layout", ["eagle3", "specforge", "vllm", "speculators"])
+@pytest.mark.parametrize("layout", ["eagle3", "specforge", "vllm", "speculators", "modelopt"])
 def test_each_layout_reads_as_the_head_it_holds(target8, tmp_path, layout):
     head = eagle_head(target8, ids=IDS if layout == "eagle3" else [1, 3, 6])
     src = tmp_path / layout
@@ -98,6 +98,8 @@ def test_each_layout_reads_as_the_head_it_holds(target8, tmp_path, layout):
         fl.specforge(head, src, target_embed(target8))
     elif layout == "vllm":
         fl.vllm_native(head, src)
+    elif layout == "modelopt":
+        fl.modelopt(head, src)
     else:
         fl.speculators(head, src, str(target8))
     given = ["--from", layout] if layout in ("specforge", "vllm") else []
@@ -170,6 +172,9 @@ def test_an_ibm_mlp_speculator_round_trips(target8, tmp_path):
         ("d2t_disagree", "d2t and t2d disagree"),
         ("norm_output", "norm_output: true"),
         ("bad_bin", "unreadable weights file"),
+        ("modelopt_no_aux", "use_aux_hidden_state: false"),
+        ("modelopt_parallel", "parallel_draft_step: 2"),
+        ("modelopt_no_last_norm", "use_last_layernorm: false"),
     ],
 )
 def test_what_cannot_be_mapped_is_refused_naming_the_key(target8, tmp_path, capsys, fault, expect):
@@ -177,6 +182,14 @@ def test_what_cannot_be_mapped_is_refused_naming_the_key(target8, tmp_path, caps
     src = fl.speculators(head, tmp_path / "src", str(target8))
     tensors = load_file(src / "model.safetensors")
     config = json.loads((src / "config.json").read_text())
+    if fault.startswith("modelopt"):
+        shutil.rmtree(src)
+        fl.modelopt(head, src)
+        config = json.loads((src / "config.json").read_text())
+        flag = {"no_aux": ("use_aux_hidden_state", False), "parallel": ("parallel_draft_step", 2),
+                "no_last_norm": ("use_last_layernorm", False)}[fault.removeprefix("modelopt_")]  # fmt: skip
+        config["eagle_config"][flag[0]] = flag[1]
+        tensors = load_file(src / "model.safetensors")
     if fault == "eagle1":
         shutil.rmtree(src)
         fl.eagle1(src)
@@ -255,6 +268,13 @@ def test_doctor_raises_no_alarm_on_a_good_head(good, target8, capsys):
     code, out = doctor(capsys, good[1], "--target", target8)
     assert code == 0 and "FAIL" not in out and "WARN" not in out, out
     assert "nothing found that lowers acceptance" in out
+
+
+def test_doctor_says_how_vllm_misreads_a_model_optimizer_export(target8, tmp_path, capsys):
+    src = fl.modelopt(eagle_head(target8, ids=[1, 3, 6]), tmp_path / "mo")  # hooks layers 0, 2, 5
+    code, out = doctor(capsys, src, "--target", target8)
+    assert code == 0 and "FAIL" not in out, out
+    assert "WARN  aux_layer_ids: a Model-Optimizer export" in out and "read here as [1, 3, 6]" in out, out
 
 
 def _fault(src: Path, tensors=None, config=None) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_sources_add_up, save_beside, skip_policy
+from conftest import assert_sources_add_up, same_served_files, save_beside, skip_policy
 
 from draftsmith.export.mlp import export_mlp_speculator
 from draftsmith.generate import generate
@@ -93,6 +93,24 @@ def test_right_drafts_are_accepted(tiny_target_dir, heads, tmp_path):
     assert rate > 0.8, m  # the tiny target repeats its token; a speculator that copies it is accepted
     per_pos = [a / m["vllm:spec_decode_num_drafts"] for a in m["vllm:spec_decode_num_accepted_tokens_per_pos"]]
     assert min(per_pos) > 0.7, per_pos
+
+
+def test_an_ibm_layout_speculator_converts_to_the_files_served(tiny_target_dir, heads, tmp_path):
+    """The copy speculator in IBM's HF layout (tests/foreign_layouts.py), through `draftsmith convert --to vllm`,
+    gives the files served in test_right_drafts_are_accepted."""
+    import foreign_layouts
+
+    from draftsmith.cli import main as cli_main
+    from draftsmith.train.checkpoint import read_head
+
+    _, copy, _ = heads
+    _, cfg, state, _ = read_head(copy)
+    head = MLPSpeculator(MLPSpeculatorConfig(**cfg))
+    head.load_state_dict(state, strict=False)
+    src = foreign_layouts.ibm_mlp(head, tmp_path / "ibm")
+    args = ["convert", str(src), str(tmp_path / "conv"), "--to", "vllm", "--target", str(tiny_target_dir)]
+    assert cli_main(args) == 0
+    same_served_files(tmp_path / "conv", copy)
 
 
 def test_draft_vocab_speculator_is_served_through_its_map(tiny_target_dir, heads, tmp_path):

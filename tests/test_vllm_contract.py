@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_sources_add_up, save_beside, skip_policy
+from conftest import assert_sources_add_up, same_served_files, save_beside, skip_policy
 from reference import record_proposals, single_query_step
 
 from draftsmith.export.vllm import ExportError, export_eagle3, validate_export
@@ -154,6 +154,27 @@ def test_exported_head_serves_and_matches_training(tiny_setup, tiny_target_dir, 
     assert 0 <= m["vllm:spec_decode_num_accepted_tokens"] <= m["vllm:spec_decode_num_draft_tokens"]
 
 
+@pytest.mark.parametrize("layout", ["speculators", "vllm", "modelopt"])
+def test_each_foreign_layout_converts_to_the_export_that_serves(tiny_setup, tiny_target_dir, tmp_path, layout):
+    """The plain head in each foreign layout (tests/foreign_layouts.py), through `draftsmith convert --to vllm`,
+    gives the very files of the export served above ([plain-speculators]); the SpecForge layout is served itself
+    ([plain-converted]), and the EAGLE-3 release layout is SpecForge's keys without ids (the tiny target's default
+    layers collide, so it is proven against the 8-layer target in tests/test_convert.py)."""
+    import foreign_layouts
+
+    from draftsmith.cli import main as cli_main
+
+    model, heads, dirs = tiny_setup
+    write = {"speculators": lambda h, o: foreign_layouts.speculators(h, o, str(tiny_target_dir)),
+             "vllm": foreign_layouts.vllm_native, "modelopt": foreign_layouts.modelopt}[layout]  # fmt: skip
+    src = write(heads["plain"], tmp_path / layout)
+    given = ["--from", "vllm"] if layout == "vllm" else []
+    out = tmp_path / "converted"
+    assert cli_main(["convert", str(src), str(out), "--to", "vllm", "--k", "3", "--target", str(tiny_target_dir),
+                     *given]) == 0  # fmt: skip
+    same_served_files(out, dirs["plain", "speculators"])
+
+
 def _ttt_step_last_row(head, token, position, prev, cache):
     """The unroll's step k for the last row alone: every step-0 key plus this row's own later keys."""
     cache[:] = [cache[0]] + [(k[..., -1:, :], v[..., -1:, :]) for k, v in cache[1:]]
@@ -204,6 +225,14 @@ def test_parallel_head_drafts_in_one_forward_as_trained(tiny_setup, tiny_target_
     prompt = [1, 422, 1520, 314, 253, 3437, 30, 422, 1520, 314, 253]
     got = probe(tiny_target_dir, out, prompt, tmp_path, {"parallel_drafting": True})
     assert got["arch"] == "Eagle3LlamaForCausalLM"
+    if dialect == "speculators":  # the head in the speculators peagle layout converts to the files served here
+        import foreign_layouts
+
+        from draftsmith.cli import main as cli_main
+
+        src = foreign_layouts.speculators(head, tmp_path / "foreign", str(tiny_target_dir))
+        assert cli_main(["convert", str(src), str(tmp_path / "conv"), "--to", "vllm", "--k", "3"]) == 0
+        same_served_files(tmp_path / "conv", out)
     calls = got["draft_logits_calls"]
     assert all(c.shape[0] == 3 for c in calls)  # one compute_logits per round, k rows: no sequential steps
 

@@ -96,7 +96,8 @@ def target_forward_rate(target, batch: int = 4, seq: int = 512, repeats: int = 2
     return batch * seq / timed(lambda: target.features(ids, mask, none), repeats)
 
 
-def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "adamw", tie_weights: bool = False):
+def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "adamw", tie_weights: bool = False,
+              anchors: int = 64):  # fmt: skip
     """A closure running one full training step on random features shaped like the target's; returns (step, tokens
     per step, matmul FLOPs per step). step(precision) returns the seconds its optimizer step took."""
     from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
@@ -120,6 +121,18 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "
 
         def loss():
             return ttt_unroll(head, aux, logits, ids, mask, ttt, 0.8).loss
+    elif family == "dflash":  # ttt = the drafts of a block (block_size - 1); anchors = blocks per sequence
+        from draftsmith.train.block_loss import block_loss
+        from draftsmith.train.heads.dflash import DFlashConfig, DFlashHead
+
+        aux_ids = [2, tc.num_hidden_layers // 2, tc.num_hidden_layers - 3]
+        head = DFlashHead(DFlashConfig.from_target(tc, vocab, aux_ids, mask_token_id=0, block_size=ttt + 1))
+        head.set_vocab(torch.zeros(vocab, dtype=torch.long), torch.arange(tc.vocab_size) < vocab)
+        aux = torch.randn(B, T, 3 * tc.hidden_size, dtype=torch.bfloat16)
+        logits = torch.randn(B, T, vocab)
+
+        def loss():
+            return block_loss(head, aux, logits, ids, mask, anchors, 0.8).loss
     else:
         cfg = MLPSpeculatorConfig(
             emb_dim=tc.hidden_size,
@@ -152,10 +165,10 @@ def make_step(family: str, tc, tokens: int, vocab: int, ttt: int, optim: str = "
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
-    return step, B * T, step_flops(family, tc, B, T, vocab, ttt)
+    return step, B * T, step_flops(family, tc, B, T, vocab, ttt, anchors)
 
 
-def step_flops(family: str, tc, B: int, T: int, vocab: int, ttt: int) -> float:
+def step_flops(family: str, tc, B: int, T: int, vocab: int, ttt: int, anchors: int = 64) -> float:
     """Matmul FLOPs of one training step (forward + backward = 3x the forward), the way the code computes it:
     EAGLE-3 runs fc once and the layer + lm_head on every row at every TTT step (the lm_head and the vocab softmax
     only on supervised rows: all rows here), attention over all T step-0 keys at every step."""
@@ -166,6 +179,12 @@ def step_flops(family: str, tc, B: int, T: int, vocab: int, ttt: int) -> float:
         layer = 2 * H * (nh + 2 * nkv) * hd + nh * hd * H + 3 * H * inter + H * vocab  # MACs per row
         attn = 2 * T * nh * hd  # scores + weighted values per row, over T keys
         fwd = n * 3 * H * H + ttt * n * (layer + attn)
+    elif family == "dflash":  # fc and the context keys/values on every row; the layer on the blocks' rows only
+        hd = getattr(tc, "head_dim", None) or H // tc.num_attention_heads
+        nh, nkv, inter = tc.num_attention_heads, tc.num_key_value_heads, tc.intermediate_size
+        q = B * min(anchors, T) * (ttt + 1)  # block rows
+        layer = 2 * H * (nh + 2 * nkv) * hd + nh * hd * H + 3 * H * inter + H * vocab
+        fwd = n * (3 * H * H + 2 * H * nkv * hd) + q * (layer + 2 * (T + anchors * (ttt + 1)) * nh * hd)
     else:  # per head: proj (H -> H), its output rows (H -> the draft vocab, or the target's)
         fwd = ttt * n * (H * H + H * min(vocab, tc.vocab_size))
     return 3 * 2 * fwd
@@ -183,6 +202,7 @@ def head_step_rate(
     tie_weights: bool = False,
 ) -> float:
     """Tokens/s of one training step (forward, backward, clip, optimizer) on random stored features: an EAGLE-3
-    head with `ttt` steps, or (family="mlp_speculator") an MLP speculator with `ttt` heads of `vocab` rows."""
+    head with `ttt` steps, a DFlash head drafting `ttt` tokens a block, or (family="mlp_speculator") an MLP
+    speculator with `ttt` heads of `vocab` rows."""
     step, n, _ = make_step("eagle3" if family == "peagle" else family, tc, tokens, vocab, ttt, optim, tie_weights)
     return n / timed(lambda: step(precision), repeats)

@@ -4,6 +4,7 @@
     draftsmith quickstart --budget 90      # more data and training minutes
     draftsmith quickstart --full           # the preset as measured: its data (turns + code sets), 60 training minutes
     draftsmith quickstart --family peagle  # a parallel-drafting (P-EAGLE) head instead: same plan, data and clock
+    draftsmith quickstart --family dflash  # a DFlash block drafter (one non-causal forward drafts the block)
     draftsmith quickstart --family mlp     # an MLP speculator (IBM), served through draftsmith's vLLM plugin
     draftsmith quickstart --no-hybrid      # the head alone: no hybrid fitted or served, its minutes go to training
 
@@ -38,7 +39,7 @@ from draftsmith.argtypes import positive_float, positive_int
 
 PRESET = "eagle3_smollm2"
 # --family: the preset each head family's quickstart trains (the plan, data and clock are the same)
-PRESETS = {"eagle3": "eagle3_smollm2", "peagle": "peagle_smollm2", "mlp": "mlp_smollm2"}
+PRESETS = {"eagle3": "eagle3_smollm2", "peagle": "peagle_smollm2", "dflash": "dflash_smollm2", "mlp": "mlp_smollm2"}
 DEFAULT_BUDGET = 45.0  # minutes, everything after set-up
 PASSES = 3.0  # planned passes over the data: the measured hour ran 2.9 (held-out curve flat at its end)
 # rendered tokens per ShareGPT first turn asked, held-out ones included (the shipped pool: 1.13M for 4,000 turns;
@@ -344,7 +345,7 @@ def probe(target_dir: str, preset: str = PRESET) -> Rates:
         tc,
         cfg.data.max_tokens_per_batch,
         (cfg.head.draft_vocab_size or tc.vocab_size) if mlp else cfg.head.draft_vocab_size,
-        cfg.head.n_predict if mlp else cfg.head.ttt_steps,
+        cfg.head.n_predict if mlp else cfg.head.block_size - 1 if cfg.head.family == "dflash" else cfg.head.ttt_steps,
         cfg.optim.name,
         "bf16" if bf16 else "fp32",
         family=cfg.head.family,
@@ -521,8 +522,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--family",
         choices=sorted(PRESETS),
         default="eagle3",
-        help="the head: eagle3 (default, drafts step by step), peagle (all k drafts in one forward) or mlp (the "
-        "MLP speculator: no attention, no KV cache); "
+        help="the head: eagle3 (default, drafts step by step), peagle (all k drafts in one forward), dflash (a block "
+        "drafter: the block in one non-causal forward over the target's states) or mlp (the MLP speculator: no "
+        "attention, no KV cache); "
         f"presets {', '.join(f'{k}: {v}' for k, v in PRESETS.items())}",
     )
     p.add_argument(

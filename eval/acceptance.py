@@ -80,6 +80,13 @@ def check_parallel_drafting(name: str, head_dir: str, wanted: bool) -> None:
     method = head_method(str(Path(head_dir).resolve()))
     if method == "mlp_speculator":
         raise ValueError(f"head {name} ({head_dir}) is an MLP speculator: parallel_drafting is for EAGLE-3 heads")
+    if method == "dflash":
+        if not wanted:
+            raise ValueError(
+                f"head {name} ({head_dir}) is a DFlash head: it drafts its whole block in one forward (vLLM method "
+                "dflash) and has no step-by-step form; leave parallel drafting on (or auto)"
+            )
+        return
     parallel = method == "peagle"
     if wanted and not parallel:
         raise ValueError(

@@ -18,7 +18,7 @@ so acceptance is p_i(d_i) and the residual is p_i with d_i removed. At temperatu
 
 Drafters share one small interface (`Drafter`): `start(prompt)`, `observe(start, next_tokens, feats)`
 (the target's features for newly committed positions), `propose(tokens, k, temperature, generator)`,
-`finish(output)`. EAGLE-3 consumes aux states; an MLP speculator consumes the final hidden state.
+`finish(output)`. EAGLE-3 and DFlash consume aux states; an MLP speculator consumes the final hidden state.
 """
 
 from __future__ import annotations
@@ -222,6 +222,60 @@ class Eagle3Drafter(HeadDrafter):
             probs.append(own)
         toks, ps = torch.stack(tokens, -1).tolist(), torch.stack(probs, -1).tolist()  # [n, k]
         return [Proposal(t, None, chain_score(p), confidences=p) for t, p in zip(toks, ps)]
+
+
+class DFlashDrafter(HeadDrafter):
+    """DFlash block drafting with vLLM's semantics (`train/heads/dflash.py`): the committed rows' fused target states
+    are every draft layer's context keys/values; a round drafts the newest token and k mask slots at positions
+    p..p+k in one non-causal forward over the whole context, and slot j's argmax is draft j. With
+    `draft_sampling="sample"` each slot's token is drawn from its own softmax(logits / T), the q handed to the
+    verifier."""
+
+    name = "dflash"
+
+    def __init__(self, head, draft_sampling: str = "greedy", name: str | None = None):
+        self._set_head(head, draft_sampling, name)
+        self.d2t = head.draft_to_target
+        self.vocab_size = head.config.vocab_size
+        self.start([])
+
+    def start(self, prompt):
+        self.context: list | None = None  # per layer (k, v) [1, nkv, P, hd] of the committed rows
+        self.last_pos = -1
+
+    @torch.no_grad()
+    def observe(self, start, next_tokens, feats):
+        n = len(next_tokens)
+        assert start == self.last_pos + 1, f"rows must arrive in order: expected {self.last_pos + 1}, got {start}"
+        new = self.head.context(feats.aux[-n:][None], torch.arange(start, start + n)[None])
+        self.context = new if self.context is None else [
+            (torch.cat([k0, k1], dim=2), torch.cat([v0, v1], dim=2)) for (k0, v0), (k1, v1) in zip(self.context, new)
+        ]  # fmt: skip
+        self.last_pos = start + n - 1
+
+    @torch.no_grad()
+    def propose(self, tokens, k, temperature, generator):
+        assert self.last_pos == len(tokens) - 2, "observe() the newest rows before proposing"
+        k = min(k, self.head.config.block_size - 1)
+        p = len(tokens) - 1
+        ids = self.head.block_inputs(torch.tensor([[tokens[-1]]]), k)  # [1, k+1]
+        hidden = self.head(ids, torch.arange(p, p + k + 1)[None], self.context, None)  # [1, k+1, H]
+        logits = self.head.logits(hidden[0, 1:])  # [k, Vd]
+        own_all = torch.softmax(logits.float(), dim=-1)
+        out, probs, own = [], [], []
+        for j in range(k):
+            if temperature == 0 or self.draft_sampling == "greedy":
+                i, q = int(logits[j].argmax()), None
+            else:
+                q_d = target_probs(logits[j], temperature)
+                i = _sample(q_d, generator)
+                q = torch.zeros(self.vocab_size, dtype=q_d.dtype).index_add_(0, self.d2t, q_d)
+            out.append(int(self.d2t[i]))
+            probs.append(q)
+            own.append(float(own_all[j, i]))
+        return Proposal(
+            out, None if not probs or probs[0] is None else torch.stack(probs), chain_score(own), confidences=own
+        )
 
 
 class MLPSpeculatorDrafter(HeadDrafter):

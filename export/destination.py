@@ -15,19 +15,20 @@ from typing import Iterable
 
 from draftsmith.errors import ConfigError
 
-EXPORT_FILES = {"config.json", "model.safetensors", "draftsmith.json", "draft_vocab.safetensors"}  # what export writes
+# what export writes (mask_embedding.pt: a DFlash head's learned mask slot input, as vLLM reads it)
+EXPORT_FILES = {"config.json", "model.safetensors", "draftsmith.json", "draft_vocab.safetensors", "mask_embedding.pt"}
 # what is fitted or measured for an exported head and kept beside it: the hybrid policy (eval fit-hybrid) and the k
 # schedule (eval schedule). A re-export of the same head carries them over; of another head, drops them.
 FITTED_FILES = ("hybrid.json", "schedule.json")
 
 
 def _is_head_config(config: dict) -> bool:
-    """A config.json of an exported draft head: speculators, native EAGLE-3 or MLP speculator."""
+    """A config.json of an exported draft head: speculators, native EAGLE-3, DFlash or MLP speculator."""
     archs = config.get("architectures") or []
     return (
         "speculators_model_type" in config
         or config.get("model_type") == "mlp_speculator"
-        or any("eagle3" in str(a).lower() for a in archs)
+        or any("eagle3" in str(a).lower() or "dflash" in str(a).lower() for a in archs)
     )
 
 

@@ -201,7 +201,8 @@ def register() -> None:
     """vLLM general plugin, run by vLLM in every process it starts (the API server, the engine core, each worker), so
     what it sets up holds in a user's server as in our own runner: it refuses a vLLM outside the tested range
     (serve/compat.py), applies the CPU fixes (serve/fixes.py) on a CPU build, installs the import finder for MLP
-    speculator directories and wraps the model runner for the hybrid drafter (which does nothing unless
+    speculator directories, checks each engine's draft against its method (serve/draft_check.py) and wraps the model
+    runner for the hybrid drafter (which does nothing unless
     additional_config names a hybrid). Idempotent: vLLM may call it more than once in a process."""
     import sys
 
@@ -210,7 +211,8 @@ def register() -> None:
     check_vllm()
     if not any(isinstance(f, _SpeculatorDirFinder) for f in sys.meta_path):
         sys.meta_path.append(_SpeculatorDirFinder())
-    from draftsmith.serve import fixes, hybrid
+    from draftsmith.serve import draft_check, fixes, hybrid
 
     fixes.apply_on_cpu()
+    draft_check.install()
     hybrid.install()

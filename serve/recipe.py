@@ -80,6 +80,8 @@ def head_method(head_dir: str) -> str:
     cfg = json.loads(cfg_path.read_text())
     if cfg.get("model_type") == "mlp_speculator":
         return "mlp_speculator"  # served by our custom_class proposer (vLLM V1 has no such method)
+    if "DFlashDraftModel" in (cfg.get("architectures") or []) or cfg.get("dflash_config"):
+        return "dflash"  # one non-causal forward drafts the block (vLLM's DFlashProposer)
     # vLLM infers the method only when the head itself is served as the model; given as the draft
     # `model` next to a target, an unset method means "draft_model" (a full LM), so name it here.
     method = cfg.get("speculators_model_type", "eagle3")
@@ -88,6 +90,12 @@ def head_method(head_dir: str) -> str:
     if method == "peagle" or cfg.get("mask_token_id") is not None:
         return "peagle"  # served as eagle3 with parallel_drafting (speculative_config)
     return method
+
+
+def dflash_block(head_dir: str | Path) -> int:
+    """The block a DFlash export was trained on (its config's dflash_config.block_size, else block_size)."""
+    config = read_json_dict(Path(head_dir) / "config.json")
+    return int((config.get("dflash_config") or {}).get("block_size") or config.get("block_size") or 0)
 
 
 def read_json_dict(path: Path) -> dict:
@@ -106,6 +114,9 @@ def exported_depth(head_dir: str | Path) -> int | None:
     config = read_json_dict(head_dir / "config.json")
     if config.get("model_type") == "mlp_speculator":
         return config.get("n_predict")
+    if config.get("dflash_config"):  # the k it was exported for, else all its mask slots
+        block = config["dflash_config"].get("block_size") or config.get("block_size")
+        return read_json_dict(head_dir / "draftsmith.json").get("k") or (block - 1 if block else None)
     methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     k = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
     return k or (read_json_dict(head_dir / "draftsmith.json").get("head_config") or {}).get("ttt_steps")
@@ -144,7 +155,7 @@ class Recipe:
 
     head_dir: str
     target: str
-    method: str  # eagle3 | peagle | mlp_speculator
+    method: str  # eagle3 | peagle | dflash | mlp_speculator
     k: int
     k_from: str  # why this k: "--k", "hybrid.json", "the export"
     hybrid: bool
@@ -181,7 +192,8 @@ class Recipe:
         return shlex.join(argv)
 
     def describe(self) -> str:
-        what = {"eagle3": "EAGLE-3", "peagle": "P-EAGLE (parallel drafting)", "mlp_speculator": "MLP speculator"}
+        what = {"eagle3": "EAGLE-3", "peagle": "P-EAGLE (parallel drafting)", "dflash": "DFlash (block drafter)",
+                "mlp_speculator": "MLP speculator"}  # fmt: skip
         parts = [f"{what.get(self.method, self.method)} head {self.head_dir}", f"k={self.k} ({self.k_from})"]
         if self.hybrid:
             parts.append("hybrid: the head, suffix and ngram chosen per step by hybrid.json")
@@ -212,9 +224,9 @@ def plan(head_dir: str | Path, target: str | None = None, k: int | None = None, 
             f"{head}: no {POLICY_FILE} beside the head, so no hybrid to serve; fit one (draftsmith eval fit-hybrid "
             f"--head {head} --target TARGET) or serve the head alone (--no-hybrid)"
         )
-    if hybrid and method == "peagle":
-        raise ConfigError(f"{head}: a P-EAGLE head has no hybrid (the hybrid serves EAGLE-3 and MLP heads)")
-    use_hybrid = has_policy and hybrid is not False and method != "peagle"
+    if hybrid and method in ("peagle", "dflash"):
+        raise ConfigError(f"{head}: a {method} head has no hybrid (the hybrid serves EAGLE-3 and MLP heads)")
+    use_hybrid = has_policy and hybrid is not False and method not in ("peagle", "dflash")
     depth = exported_depth(head_dir)
     if use_hybrid:
         try:
@@ -233,6 +245,13 @@ def plan(head_dir: str | Path, target: str | None = None, k: int | None = None, 
         k, k_from = depth or 3, "the depth it was exported for" if depth else "default"
     if method == "mlp_speculator" and depth and k > depth:
         raise ConfigError(f"k={k}: the MLP speculator {head} has {depth} stages, one per drafted position")
+    if method == "dflash":
+        block = dflash_block(head_dir)
+        if not 1 <= k <= block - 1:
+            raise ConfigError(
+                f"k={k}: the DFlash head {head} was trained on blocks of {block} (the verified token and {block - 1} "
+                f"mask slots); vLLM would draft past them from slots it never learned: serve k = 1..{block - 1}"
+            )
     schedule = None
     if (head / SCHEDULE_FILE).is_file():
         try:

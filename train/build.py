@@ -214,6 +214,27 @@ def build_eagle3(cfg, target: Target, vocab) -> Eagle3Head:
     return head
 
 
+def build_dflash(cfg, target: Target, vocab):
+    from draftsmith.train.heads.dflash import DFlashConfig, DFlashHead
+
+    try:
+        config = DFlashConfig.from_run(cfg, target.config, target.aux_layer_ids)
+        head = DFlashHead(config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    head.attach_target(target)
+    with torch.no_grad():  # mask slots start at the mean token embedding: a point inside the embeddings' cloud
+        head.mask_embedding.copy_(target.embed_tokens.weight.float().mean(0))
+    head.set_vocab(vocab.d2t, vocab.t2d)
+    if init_dir(cfg):
+        return head
+    if cfg.init == "output":
+        warm_start_output(head, target)
+    elif cfg.init != "random":
+        raise ConfigError(f"head.init={cfg.init!r}: expected random | output for dflash heads")
+    return head
+
+
 @torch.no_grad()
 def warm_start_output(head: Eagle3Head, target: Target) -> None:
     """Only the output side from the target: final norm and the lm_head rows of the draft vocab.

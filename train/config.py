@@ -36,7 +36,7 @@ class HeadConfig:
     """Every head family's keys in one schema (a preset may override any of them whatever its family); which keys a
     family reads, and its own checks, are its entry in train/heads/families.py (`keys`, `problems`)."""
 
-    family: str = "eagle3"  # eagle3 | peagle | mlp_speculator (train/heads/families.py)
+    family: str = "eagle3"  # eagle3 | peagle | mlp_speculator | dflash (train/heads/families.py)
     init: str = "random"  # random | output (from the target's output side) | target (EAGLE-3: also its last layer)
     # the rows of the draft's output, the most frequent supervised tokens (EAGLE-3; the MLP speculator's heads, where
     # 0, its default in conf/head/mlp.yaml, keeps the target's whole vocab: the published HF format)
@@ -59,6 +59,12 @@ class HeadConfig:
     # P-EAGLE (family peagle: an EAGLE-3 head drafting all k tokens in one forward): the token id its mask slots read
     # (vLLM's mask_token_id); None = the target's pad token, else its first eos token
     mask_token_id: Optional[int] = None
+    # DFlash (family dflash): the block trained on (the verified token + block_size - 1 mask slots; serve k up to
+    # block_size - 1) and the anchors drawn per sequence per step (each one block, all in one forward). Its mask
+    # token (mask_token_id above; None = the target's bos token unless that is an eos, else its pad) gets a learned
+    # embedding; ttt_decay is slot j's loss weight decay**(j-1)
+    block_size: int = 4
+    anchors: int = 64
     # MLP speculator (family mlp_speculator): n_predict stages of width inner_dim (0 = the target's hidden size)
     n_predict: int = 3
     inner_dim: int = 0

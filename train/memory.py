@@ -115,6 +115,25 @@ def eagle3_activation_bytes(cfg, tc, act_bytes: int) -> tuple[float, float]:
     return feats, K * (layer + vocab) + scores
 
 
+def dflash_activation_bytes(cfg, tc, act_bytes: int) -> tuple[float, float]:
+    """(features, head activations kept for backward) of one micro-batch: the context projection over every row,
+    then head.anchors blocks of head.block_size rows per sequence over [context | blocks] keys."""
+    B, T = batch_shape(cfg)
+    N = B * T
+    H, I, nh = tc.hidden_size, tc.intermediate_size, tc.num_attention_heads
+    hd = layer_attr(tc, "head_dim") or H // nh
+    nkv = getattr(tc, "num_key_value_heads", nh)
+    Vd, hI, L = min(cfg.head.draft_vocab_size, tc.vocab_size), cfg.head.intermediate_size or I, cfg.head.num_layers
+    feats = N * (3 * H * act_bytes + Vd * (act_bytes + 4))  # as EAGLE-3's: aux states, draft-vocab logits
+    Q = min(cfg.head.anchors, T) * cfg.head.block_size  # block rows per sequence
+    context = N * (2 * H + L * 2 * nkv * hd) * act_bytes  # fc output, its norm, every layer's keys and values
+    per_layer = 2 * nh * hd + 2 * nkv * hd + 4 * H + 3 * hI
+    rows = B * Q * (H + L * per_layer) * act_bytes
+    scores = L * B * nh * Q * (T + Q) * (act_bytes + 4)
+    vocab = B * Q * Vd * 4 * 3
+    return feats, context + rows + scores + vocab
+
+
 def mlp_activation_bytes(cfg, tc, act_bytes: int) -> tuple[float, float]:
     """(features, head activations kept for backward) of one micro-batch: n_predict stages over the draft vocab
     (head.draft_vocab_size, 0 = the target's)."""

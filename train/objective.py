@@ -5,7 +5,8 @@
     feats = objective.features(target, head, batch)     # no grad
     out = objective(model, feats, batch)                # .loss, .losses, .accs, .counts, .accept_len, .rows
 
-EAGLE-3: the TTT unroll against the target's distribution (train/ttt/unroll.py). MLP speculator:
+EAGLE-3: the TTT unroll against the target's distribution (train/ttt/unroll.py). DFlash: anchored blocks against
+the same distributions (train/block_loss.py). MLP speculator:
 per-head cross-entropy against the sequence's own next tokens, teacher-forced (`per_head_loss`). At
 eval both score agreement with the target's greedy token, which is what greedy serving accepts.
 """
@@ -118,6 +119,25 @@ class EagleObjective:
     def __call__(self, model, feats, batch, eval: bool = False, denoms=None):
         top = feats.top if eval else None
         return model(feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"], top, denoms)
+
+
+class DFlashObjective(EagleObjective):
+    """DFlash: EAGLE-3's features and target distributions, every anchor's block in one forward
+    (train/block_loss.py); one figure per block slot."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.family, self.size, self.anchors = "dflash", cfg.block_size, cfg.anchors
+
+    def wrap(self, head) -> nn.Module:
+        from draftsmith.train.block_loss import Blocks
+
+        return Blocks(head, self.anchors, self.decay, self.loss, self.topk)
+
+    def supervised_counts(self, loss_mask: torch.Tensor) -> torch.Tensor:
+        from draftsmith.train.block_loss import block_counts
+
+        return block_counts(loss_mask, self.size - 1, self.anchors)
 
 
 class MLPObjective:

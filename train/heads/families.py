@@ -170,7 +170,41 @@ MLP_SPECULATOR = Family(
     ),
 )
 
-FAMILIES = {f.name: f for f in (EAGLE3, PEAGLE, MLP_SPECULATOR)}
+# DFlash: a block drafter (verified token + block_size - 1 mask slots in one non-causal forward over the context
+# of the target's fused aux states). Same stored features and draft vocab as EAGLE-3; its own module, loss, exporter
+# and drafter (vLLM method dflash).
+DFLASH = Family(
+    name="dflash",
+    config=Ref("draftsmith.train.heads.dflash:DFlashConfig"),
+    module=Ref("draftsmith.train.heads.dflash:DFlashHead"),
+    build=Ref("draftsmith.train.build:build_dflash"),
+    objective=Ref("draftsmith.train.objective:DFlashObjective"),
+    fields=("aux", "last"),
+    target_problems=Ref("draftsmith.train.heads.dflash:target_problems"),
+    exporter=Ref("draftsmith.export.dflash:export_dflash"),
+    export_options=("k",),
+    read_export=Ref("draftsmith.export.dflash:read_export"),
+    drafter=Ref("draftsmith.eval.reference_decoder:DFlashDrafter"),
+    draft_vocab=True,
+    stage2=False,
+    memory=Ref("draftsmith.train.memory:dflash_activation_bytes"),
+    inits=("random", "output"),  # output: the target's final norm + lm_head rows
+    keys=(
+        "draft_vocab_size",
+        "block_size",
+        "anchors",
+        "ttt_decay",
+        "intermediate_size",
+        "num_layers",
+        "loss",
+        "loss_topk",
+        "mask_token_id",
+        "init_from",
+    ),
+    shares_features_of="eagle3",
+)
+
+FAMILIES = {f.name: f for f in (EAGLE3, PEAGLE, MLP_SPECULATOR, DFLASH)}
 NAMES = tuple(FAMILIES)
 UNRECORDED = "eagle3"  # the family of a head whose head.json / draftsmith.json names none (made before MLP heads)
 

@@ -314,6 +314,8 @@ def _summarize(name: str, child: dict, spec: dict | None, reference: list[list[i
         # wall time of vLLM's drafting call per engine step that drafted (whole batch), and its share of generation
         draft_ms_per_step=1e3 * child["draft_s"] / child["draft_calls"] if child.get("draft_calls") else None,
         draft_share=child["draft_s"] / gen_s if child.get("draft_calls") and gen_s else None,
+        # where an engine step's time goes (serve/step_timer.py): target forward, draft, sampling, engine loop
+        step_breakdown=child.get("step_breakdown") or None,
         torch_threads=child["torch_threads"],
         outputs=child["result_file"],
         match_vs_none=None,

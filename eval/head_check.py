@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from draftsmith.serve.recipe import exported_depth
+from draftsmith.serve.recipe import dflash_block, exported_depth
 from draftsmith.serve.recipe import read_json_dict as _read_json
 from draftsmith.train.checkpoint import CheckpointError, check_head_fits_target, nonfinite
 from draftsmith.train.heads import families
@@ -48,6 +48,15 @@ def exported_head_config(head_dir: str | os.PathLike) -> dict:
             "aux_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
         }
         verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    elif config.get("dflash_config"):  # DFlash: its target_layer_ids count the layer whose output is taken
+        ids = config["dflash_config"].get("target_layer_ids")
+        out = {
+            "vocab_size": config.get("vocab_size"),
+            "target_hidden_size": config.get("target_hidden_size"),
+            "draft_vocab_size": config.get("draft_vocab_size"),
+            "aux_layer_ids": [i + 1 for i in ids] if ids else None,
+        }
+        verifier = None
     else:  # native LlamaForCausalLMEagle3
         out = {
             "vocab_size": config.get("vocab_size"),
@@ -81,10 +90,19 @@ def exported_family(head_dir: str | os.PathLike) -> str:
 def check_depth(head_dir: str | os.PathLike, k: int, name: str) -> str | None:
     """A warning when k runs past the draft length the head was made for (None when it does not); an MLP speculator,
     which has one stage per position, is refused."""
+    config = _read_json(Path(head_dir) / "config.json")
+    if config.get("dflash_config"):  # any k its block holds; past it, slots it never trained
+        block = dflash_block(head_dir)
+        if k <= block - 1:
+            return None
+        raise CheckpointError(
+            f"--k {k}: the DFlash head {name} ({head_dir}) was trained on blocks of {block} (the verified token and "
+            f"{block - 1} mask slots); vLLM would draft past them from slots it never learned: serve k <= {block - 1}"
+        )
     depth = exported_depth(head_dir)
     if not depth or k <= depth:
         return None
-    if _read_json(Path(head_dir) / "config.json").get("model_type") == "mlp_speculator":
+    if config.get("model_type") == "mlp_speculator":
         raise CheckpointError(
             f"--k {k}: the MLP speculator {name} ({head_dir}) has {depth} stages, one per drafted position; "
             f"serve it at k <= {depth}"

@@ -28,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 
 from draftsmith.atomic import atomic_write
+from draftsmith.serve import step_timer
 
 EVENT = "@draftsmith-eval "
 HYBRID_KEY = "draftsmith_hybrid"  # serve/hybrid.py KEY: additional_config names a hybrid under it
@@ -110,40 +111,6 @@ def _hybrid_active(worker) -> bool:
     return getattr(worker.model_runner, "_draftsmith_hybrid_state", None) is not None
 
 
-def _install_draft_timer(worker) -> bool:
-    """Time the model runner's drafting call (every method's: the head's forward(s), suffix or n-gram lookup) on
-    this engine's worker; False where the runner has none (no speculation)."""
-    runner = worker.model_runner
-    propose = getattr(runner, "propose_draft_token_ids", None)
-    if propose is None or getattr(runner, "_draftsmith_timer", None) is not None:
-        return False
-    runner._draftsmith_timer = [0.0, 0]  # seconds, calls (one per engine step that drafts)
-
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return propose(*args, **kwargs)
-        finally:
-            runner._draftsmith_timer[0] += time.perf_counter() - t0
-            runner._draftsmith_timer[1] += 1
-
-    runner.propose_draft_token_ids = timed
-    return True
-
-
-def _read_draft_timer(worker) -> list:
-    return list(getattr(worker.model_runner, "_draftsmith_timer", None) or [0.0, 0])
-
-
-def draft_timer(llm) -> tuple[float, int]:
-    """(seconds, calls) of drafting so far, summed over the engine's workers."""
-    try:
-        parts = llm.collective_rpc(_read_draft_timer)
-    except Exception:  # an engine in another process without the timer: no figure rather than no run
-        return 0.0, 0
-    return sum(p[0] for p in parts), sum(p[1] for p in parts)
-
-
 def versions() -> dict:
     import torch
     import transformers
@@ -182,11 +149,10 @@ def run(job: dict) -> dict:
             "the hybrid drafter's wrap is not active in this engine (draftsmith's vLLM plugin did not load: is "
             "VLLM_PLUGINS set without draftsmith_mlp_speculator?); it would serve plain speculative decoding"
         )
-    if job["speculative_config"]:
-        try:
-            llm.collective_rpc(_install_draft_timer)
-        except Exception as e:  # noqa: BLE001 - the timer is a figure, not a reason to fail the method
-            print(f"draft timer not installed: {e}", flush=True)
+    try:  # every method's step, the drafter's calls among them (serve/step_timer.py)
+        llm.collective_rpc(step_timer.install)
+    except Exception as e:  # noqa: BLE001 - the timer is a figure, not a reason to fail the method
+        print(f"step timer not installed: {e}", flush=True)
 
     s = job["sampling"]
     params = SamplingParams(temperature=s["temperature"], max_tokens=s["max_tokens"], seed=s["seed"])
@@ -263,7 +229,7 @@ def generate_all(llm, prompts, params, batch: int, stream: bool = False, heartbe
 
 def _generate_all(llm, prompts, params, batch: int, stream: bool) -> dict:
     before = read_spec_counters(llm)
-    draft_before = draft_timer(llm)
+    timed_before = step_timer.read(llm)
     outputs: list[list[int]] = []
     finish: list[str | None] = []
     generation_s = 0.0
@@ -284,13 +250,15 @@ def _generate_all(llm, prompts, params, batch: int, stream: bool) -> dict:
             seconds=round(generation_s, 2),
             batch_size=batch,
         )
-    draft_after = draft_timer(llm)
+    calls = step_timer.delta(step_timer.read(llm), timed_before)
+    draft = calls.get("propose_draft_token_ids", [0.0, 0])
     return {
         "batch_size": batch,
         "generation_s": generation_s,
         # the engine's drafting calls (one per step that drafts, for the whole batch) and their wall time
-        "draft_s": draft_after[0] - draft_before[0],
-        "draft_calls": draft_after[1] - draft_before[1],
+        "draft_s": draft[0],
+        "draft_calls": draft[1],
+        "step_breakdown": step_timer.breakdown(calls, generation_s),
         "counters_at_start": before,
         "counters": counter_delta(read_spec_counters(llm), before),
         "generated_tokens": sum(map(len, outputs)),

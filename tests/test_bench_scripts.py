@@ -26,9 +26,14 @@ SCRIPTS = {
     "mlp_hour.sh": {60},
     "quickstart_lever.sh": {16.2},  # without a quickstart's plan.json: the 2026-12-01 slow record's minutes
     "convert_finetune.sh": {10},
+    "dflash_equal_minutes.sh": {12},
 }
 # the preset each harness's runs start from (mlp_smollm2 where not named)
-PRESET_OF = {"quickstart_lever.sh": "eagle3_smollm2", "convert_finetune.sh": "eagle3_smollm2"}
+PRESET_OF = {
+    "quickstart_lever.sh": ("eagle3_smollm2",),
+    "convert_finetune.sh": ("eagle3_smollm2",),
+    "dflash_equal_minutes.sh": ("dflash_smollm2", "eagle3_smollm2"),  # one run of each
+}
 # harnesses that train nothing (they serve what a run made), with the arguments after OUT
 SERVE_ONLY = {"quickstart_reserve.sh": ["QS_OUT"]}
 ARGS_BEFORE_OUT = {**SERVE_ONLY, "quickstart_lever.sh": ["QS_OUT"], "convert_finetune.sh": ["RUN"]}
@@ -60,7 +65,7 @@ def test_its_runs_are_the_preset_with_the_overrides_it_names(script, knobs, tmp_
     assert runs, f"{script} trains nothing"
     named = header(script)
     for overrides in runs:
-        assert f"conf={PRESET_OF.get(script, 'mlp_smollm2')}" in overrides
+        assert any(f"conf={p}" in overrides for p in PRESET_OF.get(script, ("mlp_smollm2",))), overrides
         cfg = compose_config(overrides)
         validate_config(cfg)
         o = cfg.optim

@@ -168,6 +168,12 @@ def test_what_cannot_be_served_is_refused_in_one_paragraph(tiny, tiny_target_dir
     out = export_dflash(head.trainable_state_dict(), head.config, tmp_path / "exp", verifier=str(tiny_target_dir))
     with pytest.raises(ConfigError, match=r"k=5: the DFlash head .* blocks of 4 .* serve k = 1..3"):
         plan(out, k=5)  # vLLM would draft past the trained slots without a word
+    from draftsmith.eval.head_check import check_depth
+    from draftsmith.train.checkpoint import CheckpointError
+
+    assert check_depth(out, 3, "d") is None  # eval acceptance --k: any k the block holds
+    with pytest.raises(CheckpointError, match=r"--k 4: the DFlash head d .* blocks of 4 .* serve k <= 3"):
+        check_depth(out, 4, "d")
     with pytest.raises(ValueError, match="DFlash head: it drafts its whole block in one forward"):
         check_parallel_drafting("d", str(out), False)
     check_parallel_drafting("d", str(out), True)

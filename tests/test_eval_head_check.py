@@ -57,10 +57,13 @@ def heads(targets, tmp_path_factory):
     root = tmp_path_factory.mktemp("heads")
     run = make_run(root / "run", targets["a"])
     mlp_run = make_run(root / "mlp_run", targets["a"], family="mlp_speculator")
-    out = {"run": run, "speculators": root / "speculators", "native": root / "native", "mlp": root / "mlp"}
+    dflash_run = make_run(root / "dflash_run", targets["a"], family="dflash")
+    out = {"run": run, "speculators": root / "speculators", "native": root / "native", "mlp": root / "mlp",
+           "dflash": root / "dflash"}  # fmt: skip
     assert cli(["export", str(run), str(out["speculators"])]) == 0
     assert cli(["export", str(run), str(out["native"]), "--dialect", "native"]) == 0
     assert cli(["export", str(mlp_run), str(out["mlp"])]) == 0
+    assert cli(["export", str(dflash_run), str(out["dflash"]), "--k", "2"]) == 0
     return out
 
 
@@ -72,13 +75,13 @@ def no_engine(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", boom)
 
 
-@pytest.mark.parametrize("kind", ["speculators", "native", "mlp", "run"])
+@pytest.mark.parametrize("kind", ["speculators", "native", "mlp", "dflash", "run"])
 def test_same_target_passes(targets, heads, kind):
     check_head_for_target(heads[kind], str(targets["a"]))
     check_head_for_target(heads[kind], str(targets["copy"]))  # a copy elsewhere: equal config and weights
 
 
-@pytest.mark.parametrize("kind", ["speculators", "native", "mlp", "run"])
+@pytest.mark.parametrize("kind", ["speculators", "native", "mlp", "dflash", "run"])
 def test_another_model_of_the_same_width_is_refused(targets, heads, kind):
     a, b = str(targets["a"]), str(targets["b"])
     with pytest.raises(CheckpointError) as e:
@@ -98,6 +101,10 @@ def test_width_vocab_and_depth_mismatches_are_refused(targets, heads):
         check_head_for_target(heads["native"], str(targets["vocab"]))
     with pytest.raises(CheckpointError, match=r"aux layers \[3, 4\] beyond 3"):
         check_head_for_target(heads["speculators"], str(targets["shallow"]))
+    with pytest.raises(CheckpointError, match=r"target_hidden_size head=128 target=64"):
+        check_head_for_target(heads["dflash"], str(targets["narrow"]))
+    with pytest.raises(CheckpointError, match=r"aux layers \[3, 4\] beyond 3"):
+        check_head_for_target(heads["dflash"], str(targets["shallow"]))
 
 
 def test_exported_config_is_read_per_dialect(targets, heads):
@@ -112,6 +119,7 @@ def test_exported_config_is_read_per_dialect(targets, heads):
     }
     assert native == spec
     assert mlp == {"emb_dim": 128, "vocab_size": 256, "target": {"name_or_path": a}}
+    assert exported_head_config(heads["dflash"]) == {**spec, "aux_layer_ids": AUX}  # dflash_config's ids + 1
 
 
 def test_hub_id_verifier_compares_names(targets, heads, tmp_path):

@@ -44,6 +44,15 @@ def make_run(run: Path, target_dir: Path, family: str = "eagle3", step: int = 4)
         t2d[:64] = True  # the draft vocab: the first 64 target ids
         head.set_vocab(torch.zeros(64, dtype=torch.long), t2d)
         state = head.trainable_state_dict()
+    elif family == "dflash":
+        from draftsmith.train.heads.dflash import DFlashConfig, DFlashHead
+
+        cfg = DFlashConfig.from_target(tc, 64, AUX, mask_token_id=1, block_size=4)
+        head = DFlashHead(cfg)
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[:64] = True
+        head.set_vocab(torch.zeros(64, dtype=torch.long), t2d)
+        state = head.trainable_state_dict()
     else:
         from draftsmith.train.heads.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 

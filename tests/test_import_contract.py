@@ -17,7 +17,10 @@ FOLDERS = {
     "convert": "draftsmith.convert",
 }
 # the ground floor: what every other room may use, and which uses nothing above it
-GROUND = {f"draftsmith.{m}" for m in ("assets", "atomic", "errors", "paths", "generate", "serve.runner", "serve.fixes")}
+GROUND = {
+    f"draftsmith.{m}"
+    for m in ("assets", "atomic", "errors", "paths", "generate", "serve.runner", "serve.fixes", "serve.step_timer")
+}
 # (importer prefix, imported prefix, why not)
 FORBIDDEN = [
     ("draftsmith.train.heads", "draftsmith.train.target", "a head is a plain module: it gets tensors, not the target"),

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.atomic import atomic_dir
 from draftsmith.export.destination import carry_fitted, check_export_destination
-from draftsmith.export.vllm import ExportError, check_vocab_maps
+from draftsmith.export.vllm import ExportError, check_target, check_vocab_maps
 from draftsmith.train.heads.dflash import DFlashConfig, target_problems
 
 ARCH = "DFlashDraftModel"
@@ -109,12 +109,6 @@ def config_from_hf(config: dict, extra: dict | None = None) -> DFlashConfig:
     )  # fmt: skip
 
 
-def check_target(cfg: DFlashConfig, target_config) -> None:
-    problems = target_problems(cfg.to_dict(), target_config)
-    if problems:
-        raise ExportError("head does not match the target: " + "; ".join(problems))
-
-
 def validate_dflash_export(out_dir: str | os.PathLike, target_config=None) -> dict:
     """Re-read an exported directory and check the contract; returns its config.json."""
     out_dir = Path(out_dir)
@@ -143,7 +137,7 @@ def validate_dflash_export(out_dir: str | os.PathLike, target_config=None) -> di
             f"config.json says {cfg.mask_token_id} / ({cfg.hidden_size},)"
         )
     if target_config is not None:
-        check_target(cfg, target_config)
+        check_target(cfg, target_config, target_problems)
     return config
 
 
@@ -175,7 +169,7 @@ def export_dflash(
     block_size - 1, the most the head was trained to draft)."""
     check_export_destination(source, out_dir, force)
     if target_config is not None:
-        check_target(cfg, target_config)
+        check_target(cfg, target_config, target_problems)
     k = cfg.block_size - 1 if k is None else k
     if not 1 <= k <= cfg.block_size - 1:
         raise ExportError(f"--k {k}: a block of {cfg.block_size} drafts 1..{cfg.block_size - 1} tokens")

@@ -182,9 +182,10 @@ def check_vocab_maps(d2t: torch.Tensor, t2d: torch.Tensor, cfg: Eagle3Config) ->
         raise ExportError("d2t and t2d disagree: t2d must mark exactly the ascending target ids arange(Vd) + d2t")
 
 
-def check_target(cfg: Eagle3Config, target_config) -> None:
-    """Refuse a head trained for another target: sizes, layer count and aux ids must fit."""
-    problems = target_problems(cfg.to_dict(), target_config)
+def check_target(cfg: Eagle3Config, target_config, problems_of=target_problems) -> None:
+    """Refuse a head trained for another target: sizes, layer count and aux ids must fit (`problems_of`: the head
+    family's `target_problems`, EAGLE-3's by default)."""
+    problems = problems_of(cfg.to_dict(), target_config)
     if problems:
         raise ExportError("head does not match the target: " + "; ".join(problems))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
+from draftsmith.serve.draft_check import is_dflash
 from draftsmith.serve.recipe import dflash_block, exported_depth
 from draftsmith.serve.recipe import read_json_dict as _read_json
 from draftsmith.train.checkpoint import CheckpointError, check_head_fits_target, nonfinite
@@ -48,8 +49,8 @@ def exported_head_config(head_dir: str | os.PathLike) -> dict:
             "aux_layer_ids": config.get("eagle_aux_hidden_state_layer_ids"),
         }
         verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-    elif config.get("dflash_config"):  # DFlash: its target_layer_ids count the layer whose output is taken
-        ids = config["dflash_config"].get("target_layer_ids")
+    elif is_dflash(config):  # DFlash: its target_layer_ids count the layer whose output is taken
+        ids = (config.get("dflash_config") or {}).get("target_layer_ids")
         out = {
             "vocab_size": config.get("vocab_size"),
             "target_hidden_size": config.get("target_hidden_size"),
@@ -91,7 +92,7 @@ def check_depth(head_dir: str | os.PathLike, k: int, name: str) -> str | None:
     """A warning when k runs past the draft length the head was made for (None when it does not); an MLP speculator,
     which has one stage per position, is refused."""
     config = _read_json(Path(head_dir) / "config.json")
-    if config.get("dflash_config"):  # any k its block holds; past it, slots it never trained
+    if is_dflash(config):  # any k its block holds; past it, slots it never trained
         block = dflash_block(head_dir)
         if k <= block - 1:
             return None

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.atomic import atomic_dir
 from draftsmith.export.destination import carry_fitted, check_export_destination
-from draftsmith.export.vllm import ExportError, check_target, check_vocab_maps
+from draftsmith.export.vllm import ExportError, check_target, check_vocab_maps, transformer_layer_config
 from draftsmith.train.heads.dflash import DFlashConfig, target_problems
 
 ARCH = "DFlashDraftModel"
@@ -57,34 +57,18 @@ def expected_shapes(cfg: DFlashConfig) -> dict[str, tuple]:
 
 
 def hf_config(cfg: DFlashConfig, dtype: str) -> dict:
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})}
     return {
+        **transformer_layer_config(cfg, dtype),  # the same layer fields and rope spellings as EAGLE-3's draft layer
         "architectures": [ARCH],
         "model_type": "qwen3",
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "num_hidden_layers": cfg.num_layers,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,  # both spellings, as the EAGLE-3 export (vLLM's default theta is 1e6 here)
-        "rope_scaling": dict(rope) if cfg.rope_scaling else None,
-        "rope_parameters": rope,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
         "block_size": cfg.block_size,
         "dflash_config": {
             "mask_token_id": cfg.mask_token_id,
             "target_layer_ids": [i - 1 for i in cfg.aux_layer_ids],
             "block_size": cfg.block_size,
         },
-        "torch_dtype": dtype,
     }
 
 

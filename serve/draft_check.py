@@ -17,6 +17,11 @@ from pathlib import Path
 DFLASH_ARCH = "DFlashDraftModel"
 
 
+def is_dflash(config: dict) -> bool:
+    """Whether a draft's config.json is a DFlash head's (vLLM's DFlashDraftModel, or a dflash_config)."""
+    return DFLASH_ARCH in (config.get("architectures") or []) or bool(config.get("dflash_config"))
+
+
 def _draft_config(model) -> dict | None:
     path = Path(str(model)) / "config.json"
     try:
@@ -34,7 +39,7 @@ def method_problem(spec: dict | None) -> str | None:
     if config is None:
         return None
     method = spec.get("method")
-    dflash = DFLASH_ARCH in (config.get("architectures") or []) or bool(config.get("dflash_config"))
+    dflash = is_dflash(config)
     if dflash and method not in (None, "dflash"):
         return (
             f"{spec['model']} is a DFlash head (architectures {DFLASH_ARCH}: it drafts its whole block in one "

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.errors import ConfigError
+from draftsmith.serve.draft_check import is_dflash
 
 SCHEDULE_FILE = "schedule.json"
 
@@ -80,7 +81,7 @@ def head_method(head_dir: str) -> str:
     cfg = json.loads(cfg_path.read_text())
     if cfg.get("model_type") == "mlp_speculator":
         return "mlp_speculator"  # served by our custom_class proposer (vLLM V1 has no such method)
-    if "DFlashDraftModel" in (cfg.get("architectures") or []) or cfg.get("dflash_config"):
+    if is_dflash(cfg):
         return "dflash"  # one non-causal forward drafts the block (vLLM's DFlashProposer)
     # vLLM infers the method only when the head itself is served as the model; given as the draft
     # `model` next to a target, an unset method means "draft_model" (a full LM), so name it here.
@@ -114,8 +115,8 @@ def exported_depth(head_dir: str | Path) -> int | None:
     config = read_json_dict(head_dir / "config.json")
     if config.get("model_type") == "mlp_speculator":
         return config.get("n_predict")
-    if config.get("dflash_config"):  # the k it was exported for, else all its mask slots
-        block = config["dflash_config"].get("block_size") or config.get("block_size")
+    if is_dflash(config):  # the k it was exported for, else all its mask slots
+        block = dflash_block(head_dir)
         return read_json_dict(head_dir / "draftsmith.json").get("k") or (block - 1 if block else None)
     methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
     k = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None

@@ -1,17 +1,18 @@
 #!/bin/bash
-# The DFlash block drafter against EAGLE-3 at equal data and minutes on this machine, served side by side.
+# The DFlash block drafter against EAGLE-3 and P-EAGLE at equal data and minutes on this machine, served side by side.
 #
 #   bash bench/dflash_equal_minutes.sh OUT [MINUTES]
 #
-# 1. python train/run.py conf=dflash_smollm2 and conf=eagle3_smollm2, each with output_dir=OUT/{dflash,eagle3},
+# 1. python train/run.py conf=dflash_smollm2, conf=eagle3_smollm2 and conf=peagle_smollm2, each with
+#    output_dir=OUT/{dflash,eagle3,peagle},
 #    optim.max_minutes=MINUTES (default 12) and the same data: data.also=[] data.num_conversations=500
-#    data.features_backend=vllm (one extraction, cached, read by both: DFlash shares EAGLE-3's features), plus
+#    data.features_backend=vllm (one extraction, cached, read by all three: they share EAGLE-3's features), plus
 #    wandb.mode=disabled; one run at a time, nothing else on the cores (a run dir with checkpoints is kept, so the
 #    harness picks up where an earlier call stopped).
 # 2. exported at k=3 (DFlash also at k=7, its whole block of 8).
 # 3. `draftsmith eval acceptance` on 24 of the runs' held-out chat prompts (greedy, 128 tokens), every output compared
-#    with no speculation's: at batch 1 and k=3 none, ngram, suffix and both heads; at batch 1 and k=7 none and the
-#    DFlash head; at batch 8 and k=3 the five again. bench/step_breakdown.py then tabulates where each engine step's
+#    with no speculation's: at batch 1 and k=3 none, ngram, suffix and the three heads; at batch 1 and k=7 none and
+#    the DFlash head; at batch 8 and k=3 the six again. bench/step_breakdown.py then tabulates where each engine step's
 #    time went (timed inside every engine those runs started).
 # DRY=1 prints the commands ("+ ...") and runs none (tests/test_bench_scripts.py checks them).
 set -euo pipefail
@@ -20,7 +21,7 @@ MINUTES=${2:-12}
 . "$(dirname "$0")/mlp_arms.sh"  # run (DRY=1 prints the commands)
 DATA=(data.also=[] data.num_conversations=500 data.features_backend=vllm)
 [ "$DRY" = 1 ] || mkdir -p "$OUT"
-for FAMILY in dflash eagle3; do
+for FAMILY in dflash eagle3 peagle; do
   if [ "$DRY" != 1 ] && [ -d "$OUT/$FAMILY/checkpoints" ]; then continue; fi  # trained by an earlier call: kept
   run python train/run.py "conf=${FAMILY}_smollm2" "output_dir=$OUT/$FAMILY" "optim.max_minutes=$MINUTES" \
     "${DATA[@]}" wandb.mode=disabled
@@ -28,8 +29,9 @@ done
 run draftsmith export --format vllm "$OUT/dflash" "$OUT/dflash_k3" --k 3 --force
 run draftsmith export --format vllm "$OUT/dflash" "$OUT/dflash_k7" --k 7 --force
 run draftsmith export --format vllm "$OUT/eagle3" "$OUT/eagle3_k3" --k 3 --force
+run draftsmith export --format vllm "$OUT/peagle" "$OUT/peagle_k3" --k 3 --force
 PROMPTS=(--prompts "$OUT/dflash/heldout_prompts.jsonl" --num-prompts 24 --max-tokens 128)
-HEADS=(--head "eagle3=$OUT/eagle3_k3" --head "dflash=$OUT/dflash_k3")
+HEADS=(--head "eagle3=$OUT/eagle3_k3" --head "peagle=$OUT/peagle_k3" --head "dflash=$OUT/dflash_k3")
 ran() { [ "$DRY" != 1 ] && [ -f "$1/acceptance.json" ]; }  # a run an earlier call finished: kept
 ran "$OUT/batch1_k3" || run draftsmith eval acceptance --target smollm2 "${HEADS[@]}" --methods none,ngram,suffix \
   "${PROMPTS[@]}" --batch-size 1 --k 3 --out "$OUT/batch1_k3"

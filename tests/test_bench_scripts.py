@@ -5,6 +5,7 @@ own), every override it adds is named in its header, and every `draftsmith` comm
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 import shlex
@@ -32,7 +33,7 @@ SCRIPTS = {
 PRESET_OF = {
     "quickstart_lever.sh": ("eagle3_smollm2",),
     "convert_finetune.sh": ("eagle3_smollm2",),
-    "dflash_equal_minutes.sh": ("dflash_smollm2", "eagle3_smollm2"),  # one run of each
+    "dflash_equal_minutes.sh": ("dflash_smollm2", "eagle3_smollm2", "peagle_smollm2"),  # one run of each
 }
 # harnesses that train nothing (they serve what a run made), with the arguments after OUT
 SERVE_ONLY = {"quickstart_reserve.sh": ["QS_OUT"]}
@@ -96,3 +97,55 @@ def test_mlp_hour_knobs_take_effect(tmp_path):
     assert [Path(o).name for o in outs] == ["served_chat", "served_mtbench", "served_code"]  # no batch1_*
     default = dry_run("mlp_hour.sh", tmp_path)
     assert sum("--batch-sizes" in argv for argv in default) == 3
+
+
+def test_the_peer_ab_trains_both_sides_on_one_data_and_names_what_it_changes(tmp_path, parse_only):  # noqa: F811
+    """bench/peer_speculators.py: our two arms are the preset with the same data, one on the clock and one on the
+    peer's tokens; the peer reads the samples ours wrote and the hidden states its own tool wrote; every override and
+    every CPU argument of the peer is named in its docstring; its draftsmith commands parse."""
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "bench/peer_speculators.py", str(tmp_path), "--minutes", "7", "--dry-run"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, "PEER_VENV": str(tmp_path / "venv")},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    commands = [shlex.split(line[2:].removesuffix(" &")) for line in p.stdout.splitlines() if line.startswith("+ ")]
+    runs = [argv[2:] for argv in commands if argv[1:2] == ["train/run.py"]]
+    assert len(runs) == 2, runs
+    text = (ROOT / "bench" / "peer_speculators.py").read_text()
+    named = text[: text.index('"""', 3)]
+    data = []
+    for overrides in runs:
+        overrides = [o.replace("PEER_TOKENS", "150000") for o in overrides]
+        assert "conf=eagle3_smollm2" in overrides, overrides
+        cfg = compose_config(overrides)
+        validate_config(cfg)
+        data.append(sorted(o for o in overrides if o.startswith("data.")))
+        for key in {x.split("=", 1)[0] for x in overrides} - NOT_OVERRIDES:
+            assert re.search(rf"(?<![\w.]){re.escape(key)}\b", named) or key in text, key
+    assert data[0] == data[1]
+    minutes, tokens = (compose_config([o.replace("PEER_TOKENS", "150000") for o in r]).optim for r in runs)
+    assert (minutes.max_minutes, minutes.max_tokens) == (7, None)
+    assert (tokens.max_minutes, tokens.max_tokens) == (None, 150000)
+    # the peer: its samples are ours, its hidden states its own tool's, trained by the shim with the stated args
+    samples = next(argv[-1] for argv in commands if argv[1:2] == ["bench/peer_data.py"])
+    prepare = next(argv for argv in commands if "prepare-data" in argv)
+    assert prepare[prepare.index("--data") + 1] == samples
+    prepared = prepare[prepare.index("--output") + 1]
+    trains = [argv for argv in commands if "train" in argv[2:4] and argv[1].endswith("peer_cpu_shim.py")]
+    assert len(trains) == 2  # the timing call, then the run
+    spec = importlib.util.spec_from_file_location("peer_speculators", ROOT / "bench" / "peer_speculators.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    PEER_CPU_ARGS = module.PEER_CPU_ARGS
+
+    for argv in trains:
+        assert argv[argv.index("--data-path") + 1] == prepared
+        assert " ".join(PEER_CPU_ARGS) in " ".join(argv)
+    for flag in PEER_CPU_ARGS[::2]:
+        assert flag in named, f"{flag} is not named in bench/peer_speculators.py's docstring"
+    for argv in (a[1:] for a in commands if a[0] == "draftsmith"):
+        module, _, function = VERBS[argv[0]][0].partition(":")
+        with pytest.raises(Parsed):
+            getattr(importlib.import_module(module), function or "main")(argv[1:])

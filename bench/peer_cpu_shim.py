@@ -10,7 +10,8 @@ in float32 (pass `--hidden-states-dtype float32` so the dataloader keeps the sta
 optimizer is torch's `torch.optim.Muon`, whose Newton-Schulz iteration casts each gradient to bfloat16: on a CPU
 without native bf16 matmuls (AVX2) that made the optimizer step 28 s of a 32 s step (5 steps, 2-core AVX2 EPYC), so
 on CPU the shim runs the same quintic iteration, same coefficients and steps, in float32, as draftsmith's own Muon
-does there (the optimizer step then took 1.1 s of a 5.0 s step). Loss, optimizer, data and schedule are otherwise the peer's own.
+does there (the optimizer step then took 1.1 s of a 5.0 s step). Loss, optimizer, data and schedule are otherwise
+the peer's own.
 """
 
 from __future__ import annotations

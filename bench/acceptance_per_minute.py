@@ -507,7 +507,8 @@ def main() -> int:
         return 0
 
     from draftsmith.assets import resolve_target
-    from draftsmith.eval.acceptance import format_table, run_acceptance
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.eval.acceptance_report import format_table
 
     # served prompts: the raw-data split's held-out ids (a regenerated subset holds them out too: same seed,
     # and the smallest hashes of a superset stay the smallest in any subset); checked per head below

@@ -72,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", type=int, default=200, help="then this many requests of load and faults on the hybrid")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    from draftsmith.eval.acceptance import run_acceptance, speculative_config
+    from draftsmith.eval.acceptance import run_acceptance
     from draftsmith.eval.live import measure
+    from draftsmith.eval.methods import speculative_config
     from draftsmith.eval.prompts import load_prompts
     from draftsmith.serve.recipe import plan
 

@@ -169,7 +169,8 @@ def adapt_overrides(args, saved: dict, run: Path, ckpt: Path, work: Path, n_trai
 
 def judge_vllm(args, target: str, files: dict[str, Path], heads: dict[str, str], out: Path) -> dict[str, dict]:
     """Per workload: tokens per target step (and the rest of the served figures) of every method, from vLLM."""
-    from draftsmith.eval.acceptance import format_table, run_acceptance
+    from draftsmith.eval.acceptance import run_acceptance
+    from draftsmith.eval.acceptance_report import format_table
 
     methods = ["none"] + (["ngram", "suffix"] if args.baselines else [])
     results = {}

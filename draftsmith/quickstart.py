@@ -608,7 +608,8 @@ def main(argv: list[str]) -> int:
         return code
 
     def serve(heads: dict[str, str], hybrids: tuple[str, ...] = ()) -> dict:
-        from draftsmith.eval.acceptance import format_table, run_acceptance
+        from draftsmith.eval.acceptance import run_acceptance
+        from draftsmith.eval.acceptance_report import format_table
         from draftsmith.eval.prompts import humaneval_prompts, mtbench_file
 
         files = {"chat": out / "heldout_prompts.jsonl", "mtbench": mtbench_file()}

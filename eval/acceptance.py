@@ -33,11 +33,18 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+from draftsmith.eval.acceptance_report import format_sweep, format_table, plot_sweep
+from draftsmith.eval.methods import (
+    BASELINES,
+    check_parallel_drafting,
+    head_engine_kwargs,
+    hybrid_stats_path,
+    speculative_config,
+)
 from draftsmith.eval.prompts import load_prompts, render_prompts
-from draftsmith.serve.recipe import check_schedule, head_method, head_speculative_config
+from draftsmith.serve.recipe import check_schedule
 from draftsmith.serve.runner import HYBRID_KEYS, counter_sum, parse_event
 
-BASELINES = ("none", "ngram", "suffix")
 ENGINE_DEFAULTS = {
     "dtype": "float32",  # the converted targets are fp32
     "kv_cache_gib": None,  # VLLM_CPU_KVCACHE_SPACE; None = the environment's value, else 2
@@ -73,76 +80,6 @@ ENGINE_DEFAULTS = {
     # serving). Their tok/s is the earlier run's. Not with a sweep.
     "reuse_baselines": False,
 }
-
-
-def check_parallel_drafting(name: str, head_dir: str, wanted: bool) -> None:
-    """Refuse to serve a head in the drafting mode it was not trained for (both load in vLLM and serve wrongly)."""
-    method = head_method(str(Path(head_dir).resolve()))
-    if method == "mlp_speculator":
-        raise ValueError(f"head {name} ({head_dir}) is an MLP speculator: parallel_drafting is for EAGLE-3 heads")
-    if method == "dflash":
-        if not wanted:
-            raise ValueError(
-                f"head {name} ({head_dir}) is a DFlash head: it drafts its whole block in one forward (vLLM method "
-                "dflash) and has no step-by-step form; leave parallel drafting on (or auto)"
-            )
-        return
-    parallel = method == "peagle"
-    if wanted and not parallel:
-        raise ValueError(
-            f"head {name} ({head_dir}) was trained to draft step by step (family eagle3): with parallel_drafting "
-            "vLLM would feed its steps 2..k mask slots it never saw (and refuse it: no mask_hidden). Train a "
-            "parallel head with conf=peagle_smollm2 or head.family=peagle, or serve this one without parallel drafting"
-        )
-    if parallel and not wanted:
-        raise ValueError(
-            f"head {name} ({head_dir}) is a P-EAGLE head: its steps 2..k read mask slots, not the step before, so "
-            "drafting it step by step proposes tokens it was never trained to; serve it with parallel drafting"
-        )
-
-
-def speculative_config(name: str, k: int, heads: dict[str, str], ngram_min: int, ngram_max: int) -> dict | None:
-    """The exact `speculative_config` vLLM gets for one method (None = no speculation)."""
-    if name == "none":
-        return None
-    if name == "ngram":
-        return {
-            "method": "ngram",
-            "num_speculative_tokens": k,
-            "prompt_lookup_min": ngram_min,
-            "prompt_lookup_max": ngram_max,
-        }
-    if name == "suffix":
-        # suffix decoding proposes up to k tokens (a tree walk of dynamic length)
-        return {"method": "suffix", "num_speculative_tokens": k}
-    return head_speculative_config(heads[name], k)
-
-
-def _hybrid_stats_path(runs_dir: Path, name: str) -> Path:
-    return runs_dir / f"{name}.hybrid_stats.json"
-
-
-def head_engine_kwargs(
-    name: str,
-    heads: dict[str, str],
-    hybrid_of: dict[str, str] | None = None,
-    runs_dir: Path | None = None,
-    force: dict[str, str | None] | None = None,
-) -> dict:
-    """Extra LLM(...) arguments a head needs: an MLP speculator's directory travels in additional_config, and so
-    does a hybrid's policy (with the file its per-source counts go to)."""
-    if hybrid_of and name in hybrid_of:
-        from draftsmith.serve.hybrid import hybrid_kwargs
-
-        head = hybrid_of[name]
-        stats = str(_hybrid_stats_path(runs_dir, name)) if runs_dir else None
-        kw = hybrid_kwargs(heads[head], force=(force or {}).get(head), stats=stats)
-        return {"additional_config": kw["additional_config"]}
-    if name not in heads or head_method(str(Path(heads[name]).resolve())) != "mlp_speculator":
-        return {}
-    from draftsmith.serve.plugin import speculative_kwargs
-
-    return {"additional_config": speculative_kwargs(heads[name])["additional_config"]}
 
 
 def acceptance_metrics(counters: dict) -> dict:
@@ -479,7 +416,7 @@ def run_acceptance(
                 "warmup_tokens": settings["warmup_tokens"],
             }
             if name in hybrid_of:
-                job["hybrid_stats"] = str(_hybrid_stats_path(runs_dir, name))
+                job["hybrid_stats"] = str(hybrid_stats_path(runs_dir, name))
             t0 = time.perf_counter()
             if not sizes:
                 reuse = settings["reuse_baselines"] and name in BASELINES
@@ -605,122 +542,3 @@ def merge_rounds(parts: list[dict]) -> dict:
     same = first["output_token_ids"]
     merged["round_mismatches"] = [i + 1 for i, p in enumerate(parts) if p["output_token_ids"] != same]
     return merged
-
-
-def format_sweep(result: dict) -> str:
-    """The batch-size sweep as one markdown table: per method and batch size, tokens per target step, served tok/s
-    and its ratio to no speculation at the same batch size, and whether greedy outputs equal it."""
-    sizes = [s["batch_size"] for s in result["sweep"]]
-    names = list(result["sweep"][0]["methods"])
-    lines = [
-        f"k={result['k']}, {result['num_prompts']} prompts from `{Path(result['prompts_file']).name}`, "
-        f"max_tokens={result['max_tokens']}, temperature={result['temperature']}"
-        + (f", k schedules {json.dumps(result['engine']['k_schedule'])}" if result["engine"].get("k_schedule") else "")
-        + (
-            f"; {result['engine']['repeats']} rounds: vs none is the median of each round's ratio (their range in "
-            "brackets), tok/s the mean"
-            if result["engine"].get("repeats", 1) > 1
-            else ""
-        ),
-        "",
-        "| method | "
-        + " | ".join(f"batch {b}: tok/step, tok/s, vs none, draft/step" for b in sizes)
-        + " | outputs = none |",
-        "|---|" + "---|" * (len(sizes) + 1),
-    ]
-    for name in names:
-        cells, match = [], []
-        for s in result["sweep"]:
-            r = s["methods"][name]
-            if r["status"] != "ok":
-                cells.append("failed")
-                continue
-            draft = f", draft {r['draft_ms_per_step']:.1f} ms" if r.get("draft_ms_per_step") else ""
-            spread = r.get("speedup_rounds")
-            spread = f" ({_fmt(min(spread))}-{_fmt(max(spread))})" if spread else ""
-            cells.append(
-                f"{_fmt(r['tokens_per_target_step'])}, {_fmt(r['output_tokens_per_s'], '.1f')}, "
-                f"**{_fmt(r['speedup_vs_none'])}x**{spread}{draft}"
-            )
-            match.append(r["match_vs_none"])
-        same = "ref" if name == "none" else (_fmt(min(match)) if match and None not in match else "—")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {same} |")
-    return "\n".join(lines)
-
-
-def plot_sweep(result: dict, path: Path) -> None:
-    """Served speed-up over no speculation against concurrent requests, one line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes = [s["batch_size"] for s in result["sweep"]]
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    for name in result["sweep"][0]["methods"]:
-        ys = [s["methods"][name].get("speedup_vs_none") for s in result["sweep"]]
-        if name != "none" and any(y is not None for y in ys):
-            ax.plot(sizes, [y if y is not None else float("nan") for y in ys], marker="o", label=name)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(b) for b in sizes])
-    ax.set_xlabel("concurrent requests (batch size)")
-    ax.set_ylabel("served tok/s / no speculation")
-    ax.set_title(f"{Path(result['prompts_file']).name}, k={result['k']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _fmt(x, spec: str = ".2f", none: str = "—") -> str:
-    return none if x is None else format(x, spec)
-
-
-def result_cells(name: str, r: dict) -> list[str]:
-    """A finished method's row, as both tables show it (markdown `format_table`, rich `eval/cli.py rich_table`)."""
-    pos = r["per_position_acceptance"]
-    return [
-        name,
-        _fmt(r["mean_acceptance_length"]),
-        _fmt(r["acceptance_rate"]),
-        "[" + ", ".join(_fmt(p) for p in pos) + "]" if pos else "—",
-        _fmt(r["tokens_per_target_step"]),
-        _fmt(r["output_tokens_per_s"], ".1f"),
-        _fmt(r["speedup_vs_none"]),
-        "ref" if name == "none" else _fmt(r["match_vs_none"]),
-        str(r["generated_tokens"]),
-        _fmt(r["generation_s"], ".1f"),
-        _fmt(r["engine_start_s"], ".1f"),
-    ]
-
-
-def format_table(result: dict) -> str:
-    """The run as a markdown table (one row per method) with a one-line header of its settings."""
-    head = (
-        f"k={result['k']}, {result['num_prompts']} prompts from `{Path(result['prompts_file']).name}`, "
-        f"max_tokens={result['max_tokens']}, temperature={result['temperature']}, "
-        f"target `{Path(result['target']).name}`, vLLM {result['versions'].get('vllm')}"
-    )
-    cols = [
-        "method",
-        "τ",
-        "α",
-        "accept/pos",
-        "tok/step",
-        "tok/s",
-        "speedup",
-        "match none",
-        "gen tokens",
-        "gen s",
-        "engine start s",
-    ]
-    lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for name, r in result["methods"].items():
-        if r["status"] != "ok":
-            cells = [name, f"failed: {r['error'][:80]}"] + [""] * (len(cols) - 2)
-        else:
-            cells = result_cells(name, r)
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from draftsmith.eval.acceptance import BASELINES
+from draftsmith.eval.methods import BASELINES
 
 
 def head_arg(text: str) -> tuple[str, str]:

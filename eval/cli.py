@@ -30,13 +30,10 @@ import argparse
 import sys
 
 from draftsmith.argtypes import positive_int
-from draftsmith.eval.acceptance import (
-    BASELINES,
-    ENGINE_DEFAULTS,
-    result_cells,
-    run_acceptance,
-)
+from draftsmith.eval.acceptance import ENGINE_DEFAULTS, run_acceptance
+from draftsmith.eval.acceptance_report import result_cells
 from draftsmith.eval.args import head_arg, json_object, methods_arg
+from draftsmith.eval.methods import BASELINES
 from draftsmith.eval.prompts import PromptFileError
 from draftsmith.serve.recipe import ScheduleError, read_schedule
 

@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from draftsmith.argtypes import positive_int
-from draftsmith.eval.acceptance import BASELINES, compare_outputs, engine_versions, run_acceptance
+from draftsmith.eval.acceptance import compare_outputs, engine_versions, run_acceptance
+from draftsmith.eval.methods import BASELINES
 from draftsmith.eval.prompts import load_workload, render_prompts
 from draftsmith.eval.reference_decoder import (
     OracleDrafter,
@@ -434,7 +435,7 @@ def _reusable(
     prompts, k, length, temperature and seed, and every method run ok with the speculative config it would
     get now (a head also from the same directory; cells written before rows recorded `head_dir` are matched
     on the speculative config alone, which names an MLP speculator's proposer class, not its directory)."""
-    from draftsmith.eval.acceptance import speculative_config
+    from draftsmith.eval.methods import speculative_config
 
     f = cell_dir / "acceptance.json"
     if not f.is_file():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from draftsmith.eval.acceptance import format_sweep, plot_sweep
+from draftsmith.eval.acceptance_report import format_sweep, plot_sweep
 from draftsmith.eval.schedule import main as schedule_main
 from draftsmith.eval.schedule import make_schedule
 from draftsmith.serve.recipe import ScheduleError, check_schedule, read_schedule

@@ -158,7 +158,7 @@ def test_what_cannot_be_served_is_refused_in_one_paragraph(tiny, tiny_target_dir
     from transformers import AutoConfig
 
     from draftsmith.errors import ConfigError
-    from draftsmith.eval.acceptance import check_parallel_drafting
+    from draftsmith.eval.methods import check_parallel_drafting
     from draftsmith.export.dflash import export_dflash
     from draftsmith.export.vllm import ExportError
     from draftsmith.serve.recipe import plan

@@ -8,17 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftsmith.eval.acceptance import (
-    acceptance_metrics,
-    compare_outputs,
-    format_table,
-    head_method,
-    run_acceptance,
-    speculative_config,
-    tokens_per_step,
-)
+from draftsmith.eval.acceptance import acceptance_metrics, compare_outputs, run_acceptance, tokens_per_step
+from draftsmith.eval.acceptance_report import format_table
 from draftsmith.eval.cli import main as eval_main
+from draftsmith.eval.methods import speculative_config
 from draftsmith.eval.prompts import PromptFileError, first_turns, load_prompts, render_prompts
+from draftsmith.serve.recipe import head_method
 from draftsmith.serve.runner import counter_delta, read_spec_counters
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -150,7 +150,8 @@ def test_export_writes_the_parallel_contract_and_reads_back(tiny_model, tmp_path
 
 
 def test_served_speculative_config_asks_for_parallel_drafting(tiny_model, tmp_path):
-    from draftsmith.eval.acceptance import head_method, speculative_config
+    from draftsmith.eval.methods import speculative_config
+    from draftsmith.serve.recipe import head_method
 
     for dialect in ("speculators", "native"):
         head = peagle_head(tiny_model)
@@ -164,7 +165,7 @@ def test_served_speculative_config_asks_for_parallel_drafting(tiny_model, tmp_pa
 
 
 def test_serving_a_head_in_the_mode_it_was_not_trained_for_is_refused(tiny_model, tmp_path):
-    from draftsmith.eval.acceptance import check_parallel_drafting
+    from draftsmith.eval.methods import check_parallel_drafting
 
     seq, par = tiny_head(tiny_model), peagle_head(tiny_model)
     seq_dir = export_eagle3(seq.trainable_state_dict(), seq.config, tmp_path / "seq", verifier="t")

@@ -96,7 +96,7 @@ def init_overrides(head: ForeignHead) -> list[str]:
                 "scale_input": c["scale_input"], "draft_vocab_size": reduced}  # fmt: skip
         return ["head.family=mlp_speculator", *(f"head.{k}={json.dumps(v)}" for k, v in keys.items())]
     keys = {k: c[k] for k in ("draft_vocab_size", "intermediate_size", "num_layers", "norm_before_residual",
-                              "norm_before_fc", "fc_norm")}  # fmt: skip
+                              "norm_before_fc", "fc_norm", "norm_output")}  # fmt: skip
     out = [f"head.family={head.family}", f"target.aux_layer_ids=[{','.join(map(str, c['aux_layer_ids']))}]"]
     return out + [f"head.{k}={json.dumps(v)}" for k, v in keys.items()]
 

@@ -230,11 +230,8 @@ def _eagle3(src: Path, layout: str, cfg: dict, tensors: dict, target_config, not
     if ids is None:
         ids = default_ids(n_target)
         notes.append(f"no aux ids recorded: the EAGLE-3 default {ids} for a {n_target}-layer target")
-    if cfg.get("norm_output") and layout != "specforge":
-        raise ConvertError(
-            f"{where}: norm_output: true (the draft feeds its post-norm state to its next step): a draftsmith head "
-            "feeds the pre-norm state; no draftsmith head has that wiring"
-        )
+    if cfg.get("norm_output") and parallel:
+        notes.append("norm_output dropped: a P-EAGLE head's later steps read mask slots, not the step before")
     if cfg.get("norm_output") and layout == "specforge":
         notes.append("norm_output (SpecForge: lm_head reads the normed state, as every draftsmith head does) dropped")
     # their keys -> ours: midlayer.* is layer 0; later layers' hidden_norm exists only for vLLM's loader
@@ -284,6 +281,7 @@ def _eagle3(src: Path, layout: str, cfg: dict, tensors: dict, target_config, not
         norm_before_residual=bool(nbr),
         norm_before_fc=bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False))),
         fc_norm=bool(cfg.get("fc_norm", False)),
+        norm_output=bool(cfg.get("norm_output", False)) and layout != "specforge" and not parallel,
         hidden_act=str(layer.get("hidden_act", "silu")),
         num_layers=num_layers,
         ttt_steps=ttt,

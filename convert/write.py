@@ -77,6 +77,7 @@ def _refuse_unwritable(cfg, layout: str) -> None:
             "norm_before_residual: true (their decoder layer adds the residual before the norm)",
         ),
         (cfg.norm_before_fc, "norm_before_fc: true (their fc reads the aux states as they are)"),
+        (cfg.norm_output, "norm_output: true (their next step reads the state before the final norm)"),
     ]
     bad = [why for cond, why in reasons if cond]
     if bad:

@@ -185,7 +185,7 @@ class Eagle3Drafter(HeadDrafter):
                 hidden = slots[:, s - 1 : s]  # [1, 1, H]
             elif s > 0:  # draft step s at position last_pos + s: previous draft token + previous hidden
                 pos = torch.tensor([[self.last_pos + s]])
-                hidden = self.head(torch.tensor([[out[-1]]]), pos, hidden, drafts)  # [1, 1, H]
+                hidden = self.head(torch.tensor([[out[-1]]]), pos, self.head.carry(hidden), drafts)  # [1, 1, H]
             tok, q, p = self._draw(hidden, temperature, generator)
             out.append(tok)
             probs.append(q)
@@ -214,7 +214,7 @@ class Eagle3Drafter(HeadDrafter):
                 ids, mask = self.head.mask_inputs(1, n)
                 hidden = self.head(ids, pos + s, mask.to(hidden.dtype), cache)  # [1, n, H]
             elif s > 0:
-                hidden = self.head(tokens[-1][None], pos + s, hidden, cache)  # [1, n, H]
+                hidden = self.head(tokens[-1][None], pos + s, self.head.carry(hidden), cache)  # [1, n, H]
             logits = self.head.logits(hidden)[0]  # [n, Vd]
             i = logits.argmax(-1)  # [n]
             own = torch.softmax(logits.float(), dim=-1).gather(-1, i[:, None])[:, 0]  # [n]

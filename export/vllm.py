@@ -133,7 +133,7 @@ def speculators_config(cfg: Eagle3Config, verifier: str, k: int, dtype: str) -> 
         "norm_before_residual": cfg.norm_before_residual,  # vLLM defaults this to true: always write it
         "norm_before_fc": cfg.norm_before_fc,
         "fc_norm": cfg.fc_norm,
-        "norm_output": False,
+        "norm_output": cfg.norm_output,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {}),
         "speculators_config": {
@@ -157,6 +157,7 @@ def native_config(cfg: Eagle3Config, dtype: str) -> dict:
             "target_hidden_size": cfg.target_hidden_size,
             "norm_before_residual": cfg.norm_before_residual,
             "fc_norm": cfg.fc_norm,  # vLLM reads it from the top level, norm_before_fc from eagle_config
+            "norm_output": cfg.norm_output,  # top level too
             **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {}),
             "eagle_config": {
                 "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
@@ -233,6 +234,7 @@ def validate_export(out_dir: str | os.PathLike, target_config=None) -> dict:
         max_position_embeddings=layer_cfg["max_position_embeddings"],
         norm_before_fc=bool(norm_before_fc),
         fc_norm=bool(config.get("fc_norm", False)),
+        norm_output=bool(config.get("norm_output", False)),
         num_layers=int(layer_cfg.get("num_hidden_layers", 1)),
         parallel_drafting=parallel,
         mask_token_id=mask_token,

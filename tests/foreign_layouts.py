@@ -102,6 +102,10 @@ def speculators(head, out: Path, verifier: str) -> Path:
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": cfg.norm_before_residual,
+        # speculators 0.9 writes its wiring flags (its EAGLE-3 default: norm_before_fc and norm_output true)
+        "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         **({"mask_token_id": cfg.mask_token_id} if cfg.parallel_drafting else {}),
         "speculators_config": {

@@ -249,7 +249,9 @@ def dense_unroll_reference(head, aux, target_logits, ids, mask, steps, decay):
     top = target_logits.argmax(-1)
     hidden, cache, total, accs, agree = head.fuse(aux), head.ttt_cache(), 0.0, [], []
     for k in range(steps):
-        hidden = head(shift_left(ids, 1 + k), torch.arange(T).expand(B, T) + k, hidden, cache)
+        # vLLM's aux_output: a later step reads the previous one's state, after the final norm with norm_output
+        step_in = head.norm(hidden) if k > 0 and head.config.norm_output else hidden
+        hidden = head(shift_left(ids, 1 + k), torch.arange(T).expand(B, T) + k, step_in, cache)
         logits = head.logits(hidden).float()
         m = shift_left(mask, 2 + k).float()
         ce = -(shift_left(p_all, 1 + k) * F.log_softmax(logits, -1)).sum(-1)
@@ -261,10 +263,14 @@ def dense_unroll_reference(head, aux, target_logits, ids, mask, steps, decay):
     return total, accs, (run * shift_left(mask, 2).float()).sum()
 
 
-def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model):
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model, norm_output):
     """The unroll sends only supervised rows through lm_head; loss, accuracies and simulated acceptance
-    must equal the dense all-rows computation (prompt rows, padding and sequence ends included)."""
-    head = tiny_head(tiny_model, draft_vocab_size=128).double()  # full vocab: argmax ties cannot differ
+    must equal the dense all-rows computation (prompt rows, padding and sequence ends included), with either
+    wiring of the state a step hands the next."""
+    head = tiny_head(tiny_model, draft_vocab_size=128, norm_output=norm_output).double()  # full vocab: no argmax ties
+    with torch.no_grad():
+        head.norm.weight.uniform_(0.5, 2.0)  # a final norm that is not the identity on normed states
     torch.manual_seed(3)
     B, T = 3, 14
     ids = torch.randint(0, 128, (B, T))
@@ -283,7 +289,7 @@ def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model):
         logits[torch.arange(B), j + 1, head.draft_to_target[pick[:, j]]] += 100.0
     out = ttt_unroll(head, aux, logits, ids, mask, 3, 0.8)
     ref_loss, ref_accs, ref_run = dense_unroll_reference(head, aux, logits, ids, mask, 3, 0.8)
-    torch.testing.assert_close(out.loss.double(), ref_loss.double())
+    torch.testing.assert_close(out.loss.double(), ref_loss.double(), rtol=1e-6, atol=1e-6)  # fp32 logits in both
     assert [a.item() for a in out.accs] == pytest.approx(ref_accs)
     assert ref_accs[0] > 0.3 and ref_run.item() > 0  # the agreement above is visible
     assert out.accept_len.item() == ref_run.item()

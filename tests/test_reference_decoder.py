@@ -133,10 +133,14 @@ def test_ngram_accepts_on_a_looping_target(tiny128):
     assert s["counters"]["num_accepted_tokens"] > 0 and s["tokens_per_target_step"] > 1.0
 
 
-def test_eagle3_drafter_follows_vllm_draft_semantics(tiny128):
-    """Proposals equal the head's TTT steps computed one query at a time (the path the vLLM contract test pins)."""
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_eagle3_drafter_follows_vllm_draft_semantics(tiny128, norm_output):
+    """Proposals equal the head's TTT steps computed one query at a time (the path the vLLM contract test pins);
+    with norm_output a step reads the previous step's state after the final norm (vLLM's aux_output)."""
     model = tiny128.model
-    head = make_head(model, 32, seed=2)
+    head = make_head(model, 32, seed=2, norm_output=norm_output)
+    with torch.no_grad():
+        head.norm.weight.uniform_(0.5, 2.0)  # not the identity on normed states
     prompt = PROMPTS[1]
     f = tiny128.features(torch.tensor([prompt]))
     first = int(f.logits[0, -1].argmax())
@@ -147,18 +151,21 @@ def test_eagle3_drafter_follows_vllm_draft_semantics(tiny128):
     # two observe() calls (prefix split) must equal one: the incremental draft cache is exact
     drafter.observe(0, ids[0, 1:6].tolist(), rd.Features(aux=f.aux[0, :5], last=f.last[0, :5], logits=f.logits[0, :5]))
     drafter.observe(5, ids[0, 6:].tolist(), rd.Features(aux=f.aux[0, 5:], last=f.last[0, 5:], logits=f.logits[0, 5:]))
-    got = drafter.propose(ids[0].tolist(), 3, 0.0, None).tokens
-    want = []
+    got = drafter.propose(ids[0].tolist(), 3, 0.0, None)
+    want, conf = [], []
     with torch.no_grad():
         cache = head.ttt_cache()
         h = head(ids[:, 1:], torch.arange(n)[None], head.fuse(f.aux), cache)[:, -1:]
         cache = cache[0]  # the one layer's (keys, values) per step
         for step in range(3):
-            tok = head.draft_to_target[head.logits(h)[0, -1].argmax()].view(1, 1)
+            p = head.logits(h)[0, -1].softmax(-1)
+            tok = head.draft_to_target[p.argmax()].view(1, 1)
             want.append(int(tok))
+            conf.append(float(p.max()))
             cache[:] = [cache[0]] + [(k[..., -1:, :], v[..., -1:, :]) for k, v in cache[1:]]
-            h = single_query_step(head, tok, torch.tensor([[n + step]]), h, cache)
-    assert got == want
+            h = single_query_step(head, tok, torch.tensor([[n + step]]), head.norm(h) if norm_output else h, cache)
+    assert got.tokens == want
+    assert got.confidences == pytest.approx(conf, rel=1e-5)  # their probabilities (float32 there): the states too
 
 
 # ---------------------------------------------------------------- the sampled distribution

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -179,7 +180,9 @@ def init_checkpoint(head_cfg, family) -> tuple[dict, dict]:
 def load_init_weights(head, cfg, family) -> None:
     """Copy head.init_from's weights (and its draft vocab buffers) into `head`, whose config must match."""
     meta, state = init_checkpoint(cfg, family)
-    theirs = {k: v for k, v in meta["config"].items() if k not in TRAINING_ONLY_KEYS}
+    # a key the head's config gained after that head was saved holds its default there
+    defaults = {f.name: f.default for f in dataclasses.fields(head.config) if f.default is not dataclasses.MISSING}
+    theirs = {k: v for k, v in {**defaults, **meta["config"]}.items() if k not in TRAINING_ONLY_KEYS}
     ours = {k: v for k, v in head.config.to_dict().items() if k not in TRAINING_ONLY_KEYS}
     if theirs != ours:
         diff = {

@@ -47,6 +47,8 @@ class HeadConfig:
     norm_before_residual: bool = False  # EAGLE-3 reference layout; exported explicitly either way
     norm_before_fc: bool = False  # one RMSNorm over the concatenated aux states before fc (vLLM: input_norm)
     fc_norm: bool = False  # one RMSNorm per aux state before fc (vLLM: fc_norm.{i})
+    # the next TTT / draft step reads the state after the final norm (vLLM: norm_output; speculators 0.9's default)
+    norm_output: bool = False
     # > 0: fc's input channels with RMS above this x the median are scaled to the median (measured on the first
     # training batch; folded into fc.weight on export, so the served format is unchanged). 0 = off
     fc_outlier_ratio: float = 0.0

@@ -54,6 +54,9 @@ class Eagle3Config:
     # per aux state (`fc_norm.{i}`)
     norm_before_fc: bool = False
     fc_norm: bool = False
+    # the next draft step reads this step's state after the final norm (vLLM's norm_output; speculators 0.9's default)
+    # instead of before it; the logits read the normed state either way
+    norm_output: bool = False
     # fc reads the channels whose RMS is above `fc_outlier_ratio` x the median channel's scaled down to that median
     # (buffer `fc_in_scale`, set from the first training batch; export folds it into fc.weight): 0 = off
     fc_outlier_ratio: float = 0.0
@@ -80,6 +83,7 @@ class Eagle3Config:
             norm_before_residual=head.norm_before_residual,
             norm_before_fc=head.norm_before_fc,
             fc_norm=head.fc_norm,
+            norm_output=head.norm_output,
             fc_outlier_ratio=head.fc_outlier_ratio,
             intermediate_size=head.intermediate_size,
             num_layers=head.num_layers,
@@ -459,6 +463,11 @@ class Eagle3Head(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))  # [B, T, Vd]
+
+    def carry(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the next draft step reads of this step's output `hidden` (vLLM's aux_output): the state itself, or with
+        norm_output the state after the final norm."""
+        return self.norm(hidden) if self.config.norm_output else hidden
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything vLLM loads: all parameters and buffers except the frozen target embedding."""

@@ -83,6 +83,11 @@ class Family:
                 f"head.draft_vocab_size={head_cfg.draft_vocab_size}: the draft vocab is a subset of the target's "
                 f"{target_vocab_size} tokens: use 1..{target_vocab_size}{full} (4,096-32,000 is usual)"
             )
+        if self.name == "peagle" and getattr(head_cfg, "norm_output", False):
+            out.append(
+                "head.norm_output=true: a P-EAGLE head's later steps read mask slots, not the step before, so it would "
+                "change nothing (and vLLM's peagle reader drops it); it is for family eagle3"
+            )
         mask = getattr(head_cfg, "mask_token_id", None)
         if "mask_token_id" in self.keys and mask is not None and not 0 <= mask < target_vocab_size:
             out.append(f"head.mask_token_id={mask}: a token id of the target's vocab, 0..{target_vocab_size - 1}")
@@ -118,6 +123,7 @@ EAGLE3 = Family(
         "norm_before_residual",
         "norm_before_fc",
         "fc_norm",
+        "norm_output",
         "fc_outlier_ratio",
         "intermediate_size",
         "num_layers",

@@ -86,8 +86,10 @@ def ttt_unroll(
     for k in range(steps):
         if parallel and k > 0:  # a mask slot: neither the true token nor the previous step's output
             tokens, step_in = head.mask_inputs(B, T)
-        else:
-            tokens, step_in = shift_left(input_ids, 1 + k), hidden  # [B, T] x_{j+1+k}; the previous output
+        elif k == 0:  # x_{j+1} and the target's fused states
+            tokens, step_in = shift_left(input_ids, 1), hidden
+        else:  # x_{j+1+k} and what the previous step hands on (`Eagle3Head.carry`)
+            tokens, step_in = shift_left(input_ids, 1 + k), head.carry(hidden)
         hidden = head(tokens, positions + k, step_in, cache)  # [B, T, H]
         mask = shift_left(loss_mask, 2 + k) > 0  # [B, T] x_{j+2+k} is supervised (False past the end)
         logits = head.logits(hidden[mask]).float()  # [n, Vd]

@@ -80,7 +80,7 @@ def read(src: Path, target_config, layout: str | None) -> tuple[ForeignHead | No
     try:
         head = read_any(src, target_config, found)
     except ConvertError as e:
-        key = next((k for k in ("d2t", "t2d", "norm_output", "embed_tokens", "tensors") if k in str(e)), "layout")
+        key = next((k for k in ("d2t", "t2d", "embed_tokens", "tensors") if k in str(e)), "layout")
         return None, [Finding("fail", key, str(e))], None
     if head.layout == "modelopt":  # vLLM reads its ids as vLLM's own: one layer early (the "aux ids -1" row)
         ids = head.config["aux_layer_ids"]

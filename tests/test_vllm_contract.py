@@ -21,7 +21,8 @@ AUX = [1, 3, 4]
 
 VARIANTS = {  # head config flags under test: the plain layout and fc's input norms (vLLM input_norm / fc_norm)
     "plain": {},
-    "norm_before_fc": {"norm_before_fc": True},
+    # speculators 0.9's EAGLE-3 wiring: fc's input normed, and a step hands the next its state after the final norm
+    "norm_output": {"norm_before_fc": True, "norm_output": True},
     "both_fc_norms": {"norm_before_fc": True, "fc_norm": True},
     "two_layers": {"num_layers": 2},  # vLLM's multi-layer drafter: layer 1 on H, its own KV cache
 }
@@ -38,7 +39,7 @@ def make_head(model, **flags):
             if p.requires_grad and p.dim() == 2:
                 p.mul_(10)
         for name, p in head.named_parameters():  # norm weights away from 1: a norm vLLM skipped would show
-            if name.startswith(("input_norm.", "fc_norm.")):
+            if name.startswith(("input_norm.", "fc_norm.")) or (name == "norm.weight" and flags.get("norm_output")):
                 p.uniform_(0.5, 1.5)
     ids = torch.arange(Vd) * 7 % cfg.vocab_size  # a scattered, non-prefix draft vocab exercises d2t
     ids = ids.unique().sort().values
@@ -100,7 +101,7 @@ def probe(target_dir, head_dir, prompt_ids, tmp_path, extra: dict | None = None)
         ("plain", "speculators"),
         ("plain", "native"),
         ("plain", "converted"),  # a SpecForge-layout head through draftsmith convert
-        ("norm_before_fc", "speculators"),
+        ("norm_output", "speculators"),
         ("both_fc_norms", "native"),
         ("two_layers", "speculators"),
         ("two_layers", "native"),
@@ -122,23 +123,25 @@ def test_exported_head_serves_and_matches_training(tiny_setup, tiny_target_dir, 
         torch.testing.assert_close(fc_in, head.fc_input(feats.aux[0]), atol=1e-4, rtol=1e-4)
 
     # 2. the draft distributions vLLM computes in the first round == our head's TTT steps 0, 1, 2 at the last
-    #    prefill row, each step fed the previous step's greedy draft token (as vLLM feeds it)
+    #    prefill row, each step fed the previous step's greedy draft token (as vLLM feeds it) and its state (after the
+    #    final norm with norm_output: vLLM's aux_output)
     first = got["generated"][0]
     calls = got["draft_logits_calls"]
     d2t_ids = head.draft_to_target
     ids = torch.tensor([prompt + [first]])
     n = len(prompt)
+    hand = lambda h: head.norm(h) if head.config.norm_output else h  # noqa: E731
     with torch.no_grad():
         f = Target(model, AUX).features(ids)
         if len(head.layers) == 1:  # one layer: against the plain one-query reference of TTT steps at the last row
             cache = head.ttt_cache()
             h = head(ids[:, 1:], torch.arange(n)[None], head.fuse(f.aux[:, :-1]), cache)  # step 0 over rows 0..n-1
             cache = cache[0]  # the layer's (keys, values) per step
-            step_fn = lambda token, step, h: _ttt_step_last_row(head, token, n + step, h[:, -1:], cache)  # noqa: E731
+            step_fn = lambda token, step, h: _ttt_step_last_row(head, token, n + step, hand(h)[:, -1:], cache)  # noqa: E731
         else:  # several layers: decoding as the reference decoder does it (equal to the TTT unroll, fast tier)
             cache = head.kv_cache()
             h = head(ids[:, 1:], torch.arange(n)[None], head.fuse(f.aux[:, :-1]), cache)[:, -1:]
-            step_fn = lambda token, step, h: head(token, torch.tensor([[n + step]]), h, cache)  # noqa: E731
+            step_fn = lambda token, step, h: head(token, torch.tensor([[n + step]]), hand(h), cache)  # noqa: E731
         for step in range(3):
             ours = head.logits(h)[0, -1]  # [Vd]
             theirs = calls[step][-1]  # [V], -inf outside the draft vocab

@@ -20,13 +20,14 @@ measured).
    them out, which on a CPU build is draftsmith.serve.hidden_states.CpuHiddenStatesConnector (vLLM's example connector
    with a synchronous copy); `speculators generate-offline-data` runs until every sample has its file (it retries the
    ones a pass dropped).
-5. the peer's training, its stock recipe (TTT 3, KL, Muon + AdamW at lr 1e-3, cosine, 20 epochs) with PEER_CPU_ARGS
+5. the peer's training, its stock recipe (TTT 3, KL, Muon + AdamW at lr 1e-3, cosine) with PEER_CPU_ARGS
    under bench/peer_cpu_shim.py: `--speculator-type eagle3`, `--draft-vocab-size 8192` (the size its docs use),
    `--total-seq-len 1024` (the data's max_length), `--draft-attn-impl sdpa` and `--loss-implementation eager`
    (FlexAttention has no backward on CPU and the fused loss needs Triton), `--hidden-states-dtype float32`,
    `--num-workers 1` (2 cores) and `--on-missing raise` (step 4 made every file). speculators has no clock budget,
-   so an 8-step call times its step first and the run gets the steps that fill the minutes (its cosine spans them);
-   its tokens are summed from its log.
+   so an 8-step call times its step first and the run gets the steps that fill the minutes (its cosine spans them)
+   and the epochs they span (`--epochs`: its `--max-steps` ends an epoch, not the run); its tokens are summed from
+   its log.
 6. ours, equal tokens: the preset with optim.max_tokens = the peer's tokens (no minute cap), OUT/ours_tokens.
 7. the three heads (ours exported at k=3 with `draftsmith export --format vllm`, the peer's last checkpoint as it
    wrote it: vLLM reads the speculators format) beside none, ngram and suffix in `draftsmith eval acceptance`
@@ -169,15 +170,25 @@ def step_log(log: Path) -> list[tuple[float, float]]:
     return list(zip(ms, tps))
 
 
-def peer_train(target: Path, prepared: Path, hs: Path, save: Path, steps: int, log: Path) -> None:
+def peer_train(target: Path, prepared: Path, hs: Path, save: Path, steps, epochs, log: Path) -> None:
+    """`--max-steps` ends an epoch early but not the run: every later epoch takes one step and a validation pass, so
+    the run also gets the epochs its steps span."""
     if not DRY and any(save.glob("*/model.safetensors")):
         return
     with open(log, "w") if not DRY else open(os.devnull, "w") as f:
         run(
             shim("train", "--verifier-name-or-path", target, "--data-path", prepared, "--hidden-states-path", hs,
-                 "--save-path", save, *PEER_CPU_ARGS, "--max-steps", steps),
+                 "--save-path", save, *PEER_CPU_ARGS, "--max-steps", steps, "--epochs", epochs),
             stdout=f, stderr=subprocess.STDOUT,
         )  # fmt: skip
+
+
+def steps_per_epoch(log: Path) -> int:
+    """The training batches of one epoch, from the progress line of the trainer's first epoch."""
+    totals = re.findall(r"Epoch 0\s.*?\d+/(\d+)", log.read_text(errors="replace"))
+    if not totals:
+        raise SystemExit(f"{log}: no progress line of the peer's first epoch")
+    return int(totals[0])
 
 
 def last_checkpoint(save: Path) -> Path:
@@ -220,14 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     generate_hidden_states(target, prepared, hs, n_samples, peer / "hidden_states.log")
 
     # the peer's step time, then a run of the steps that fill the minutes
-    calib_log, steps = peer / "calibrate.log", 0
-    peer_train(target, prepared, hs, peer / "calibrate", CALIBRATION_STEPS, calib_log)
+    calib_log, steps, epochs = peer / "calibrate.log", "STEPS", "EPOCHS"
+    peer_train(target, prepared, hs, peer / "calibrate", CALIBRATION_STEPS, 1, calib_log)
     if not DRY:
         ms = [m for m, _ in step_log(calib_log)[1:]]  # the first step includes the loader's start
         steps = max(1, int(args.minutes * 60_000 / statistics.median(ms)))
-        print(f"peer: {statistics.median(ms):.0f} ms a step, {steps} steps fill {args.minutes:g} minutes", flush=True)
+        epochs = -(-steps // steps_per_epoch(calib_log))
+        print(f"peer: {statistics.median(ms):.0f} ms a step, {steps} steps ({epochs} epochs) fill {args.minutes:g} "
+              "minutes", flush=True)  # fmt: skip
     train_log = peer / "train.log"
-    peer_train(target, prepared, hs, peer / "minutes", steps or "STEPS", train_log)
+    peer_train(target, prepared, hs, peer / "minutes", steps, epochs, train_log)
     if DRY:
         peer_tokens, peer_ckpt = "PEER_TOKENS", peer / "minutes" / "EPOCH"
     else:

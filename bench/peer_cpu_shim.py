@@ -46,24 +46,20 @@ def _newton_schulz_fp32(grad, ns_coefficients, ns_steps, eps):
 
 
 def _patch() -> None:
-    tensor_to, module_to = torch.Tensor.to, nn.Module.to
+    def on_cpu(to):
+        """`to` (Tensor.to or Module.to) with a CUDA device, positional or keyword, read as the CPU."""
 
-    def to_tensor(self, *args, **kwargs):
-        if args:
-            args = (_cpu(args[0]), *args[1:])
-        if "device" in kwargs:
-            kwargs["device"] = _cpu(kwargs["device"])
-        return tensor_to(self, *args, **kwargs)
+        def wrapped(self, *args, **kwargs):
+            if args:
+                args = (_cpu(args[0]), *args[1:])
+            if "device" in kwargs:
+                kwargs["device"] = _cpu(kwargs["device"])
+            return to(self, *args, **kwargs)
 
-    def to_module(self, *args, **kwargs):
-        if args:
-            args = (_cpu(args[0]), *args[1:])
-        if "device" in kwargs:
-            kwargs["device"] = _cpu(kwargs["device"])
-        return module_to(self, *args, **kwargs)
+        return wrapped
 
-    torch.Tensor.to = to_tensor
-    nn.Module.to = to_module
+    torch.Tensor.to = on_cpu(torch.Tensor.to)
+    nn.Module.to = on_cpu(nn.Module.to)
     if not torch.accelerator.is_available():  # its step timer synchronizes the device on every mark
         torch.accelerator.synchronize = lambda device=None: None
     from torch.optim import _muon

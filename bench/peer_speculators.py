@@ -6,9 +6,10 @@ Every step is skipped when its output exists, so a stopped call picks up where i
 commands ("+ ...") and runs none. Nothing else should run on the cores (training minutes and step times are
 measured).
 
-1. ours, equal minutes: `python train/run.py conf=eagle3_smollm2` with output_dir=OUT/ours_minutes and the overrides
-   in OURS_MINUTES (the preset otherwise: Muon, TTT 2, draft vocab 4,096, KL to the target over the draft vocab, the
-   prompt rows supervised).
+1. ours, equal minutes: `python train/run.py conf=eagle3_smollm2` with output_dir=OUT/ours_minutes,
+   optim.max_minutes=MINUTES, the data overrides data.also=[] data.num_conversations=N (--num-conversations)
+   data.features_backend=vllm, and wandb.mode=disabled (the preset otherwise: Muon, TTT 2, draft vocab 4,096, KL to
+   the target over the draft vocab, the prompt rows supervised).
 2. the peer in its own venv (PEER_VENV, default ~/.cache/draftsmith/peer/speculators-0.9.0): `pip install
    torch==2.13.0 speculators==0.9.0` (torch from this machine's wheel), then torchvision and torchaudio uninstalled
    (their wheels do not match the CPU torch and only image models import them).
@@ -28,7 +29,8 @@ measured).
    so an 8-step call times its step first and the run gets the steps that fill the minutes (its cosine spans them)
    and the epochs they span (`--epochs`: its `--max-steps` ends an epoch, not the run); its tokens are summed from
    its log.
-6. ours, equal tokens: the preset with optim.max_tokens = the peer's tokens (no minute cap), OUT/ours_tokens.
+6. ours, equal tokens: the same run with optim.max_minutes=null and optim.max_tokens = the peer's tokens,
+   OUT/ours_tokens.
 7. the three heads (ours exported at k=3 with `draftsmith export --format vllm`, the peer's last checkpoint as it
    wrote it: vLLM reads the speculators format) beside none, ngram and suffix in `draftsmith eval acceptance`
    (greedy, k=3, 128 tokens, batch 8) on held-out chat, MT-Bench and HumanEval prompts, every output compared with

@@ -577,7 +577,7 @@ def main(argv: list[str]) -> int:
     spent["answers"] = round(time.time() - t0, 1)
 
     # the adapted run: HEAD's config and weights, the traffic's answers + the replay, the clock at --minutes
-    from draftsmith.quickstart import run_child
+    from draftsmith.quickstart.run import run_child
     from draftsmith.train.config import compose_config, validate_config
 
     overrides, n_replay = adapt_overrides(args, saved, run, ckpt, work, len(train_prompts))

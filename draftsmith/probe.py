@@ -1,6 +1,6 @@
 """Timed probes of this machine: GEMM peak, the target's feature forward and the head's training step.
 
-The quickstart plans its budget from them (`draftsmith/quickstart.py`), and bench/train_step.py and
+The quickstart plans its budget from them (`draftsmith/quickstart/plan.py`), and bench/train_step.py and
 bench/extract.py report against them. Each probe takes seconds: a warm-up round, then the median of a few timed ones.
 """
 

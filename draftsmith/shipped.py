@@ -9,7 +9,8 @@ generating it only when everything that made it is the same here:
 * the settings a pool is keyed by (source, length cap, temperature, seed, prompt-length cap);
 * the generator: the vLLM version and dtype that answered (the HF backend, or another vLLM, regenerates);
 * the prompt itself, record by record: an answer is taken only where its prompt messages equal the prompt the
-  source gives here (ShareGPT's first turn; a pycode: prompt read from this machine's Python).
+  source gives here (ShareGPT's first turn; a pycode: prompt read from this machine's Python), so a pool also
+  answers a `pycode:ROOT:N` that asks part of its prompts.
 
 Anything else is generated as before. `pools.json` records each pool's settings and the sha256 of its text.
 """
@@ -69,7 +70,11 @@ def shipped_answers(target_dir: str | Path, settings: dict, backend: str) -> tup
     target, or (None, {}) when none matches. `settings`: source, max_tokens, temperature, seed, max_prompt_tokens."""
     here = generator(backend)
     candidates = [
-        p for p in manifest() if all(p["settings"].get(k) == v for k, v in settings.items()) and p["generator"] == here
+        p
+        for p in manifest()
+        if all(p["settings"].get(k) == v for k, v in settings.items() if k != "source")
+        and same_source(p["settings"].get("source"), settings.get("source"))
+        and p["generator"] == here
     ]
     if not candidates:
         return None, {}
@@ -78,6 +83,16 @@ def shipped_answers(target_dir: str | Path, settings: dict, backend: str) -> tup
         if p["target_sha256"] == fingerprint:
             return p["file"], _records(p["file"])
     return None, {}
+
+
+def same_source(pool: str | None, asked: str | None) -> bool:
+    """Whether a pool made from source `pool` can answer `asked`: the same source, or the same pycode: ROOT with
+    another count (`pycode:stdlib:300` asks the first 300 of the fixed order that `pycode:stdlib` answered; the
+    prompts are still compared one by one)."""
+    if pool == asked:
+        return True
+    parts = [str(s).split(":") for s in (pool, asked)]
+    return all(p[0] == "pycode" and len(p) in (2, 3) for p in parts) and parts[0][1] == parts[1][1]
 
 
 def prompt_messages(record: dict) -> list[dict]:

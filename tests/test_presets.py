@@ -35,7 +35,7 @@ def test_the_promised_budget_is_the_only_one(name):
 
 def test_the_quickstart_plan_keeps_the_clock_budget():
     """The quickstart's training stage is the preset with its minutes set: still only the clock ends it."""
-    from draftsmith.quickstart import training_overrides
+    from draftsmith.quickstart.plan import training_overrides
 
     o = compose_config(training_overrides("/tmp/qs", minutes=21.5, conversations=2000, also=[], extra=[])).optim
     assert (o.max_minutes, o.epochs, o.max_tokens, o.max_steps) == (21.5, None, None, None)

@@ -99,6 +99,34 @@ def test_a_damaged_pool_is_refused(shipped_pool, tiny_target_dir, tmp_path):
         regen_mod.regenerate(str(tiny_target_dir), str(src), str(tmp_path / "out.jsonl"), 6, max_tokens=5)
 
 
+@pytest.mark.parametrize(
+    "pool, asked, takes",
+    [
+        ("pycode:stdlib", "pycode:stdlib:300", True),  # a budgeted quickstart asks part of the stdlib pool
+        ("pycode:site-packages:1200", "pycode:site-packages:50", True),
+        ("pycode:stdlib", "pycode:site-packages:300", False),  # another root: other prompts
+        ("sharegpt", "pycode:stdlib", False),
+        ("sharegpt", "sharegpt", True),
+    ],
+)
+def test_a_code_pool_answers_part_of_its_source(pool, asked, takes):
+    assert shipped.same_source(pool, asked) is takes
+
+
+def test_the_stdlib_pool_answers_a_stdlib_subset(smollm2_dir):
+    """`pycode:stdlib:N` (the budgeted quickstart's code set) finds the shipped stdlib pool, whose records hold its
+    first N prompts."""
+    settings = {
+        "source": "pycode:stdlib:40",
+        "max_tokens": 256,
+        "temperature": 0.0,
+        "seed": 0,
+        "max_prompt_tokens": 1024,
+    }
+    name, answers = shipped.shipped_answers(smollm2_dir, settings, "vllm")
+    assert name == "regen-smollm2-pycode-stdlib.jsonl.xz" and len(answers) == 1059
+
+
 def test_the_package_pools_are_intact_and_keyed_to_the_prepared_target(smollm2_dir):
     pools = shipped.manifest()
     assert {p["settings"]["source"] for p in pools} == {"sharegpt", "pycode:stdlib", "pycode:site-packages:1200"}

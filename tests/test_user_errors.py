@@ -341,7 +341,7 @@ def test_quickstart_leaves_ctrl_c_to_the_training_child(tmp_path):
     """Ctrl-C reaches the whole foreground group: the child finishes its save, the quickstart waits for it."""
     script = textwrap.dedent(f"""
         import os, signal, sys, threading, time
-        from draftsmith.quickstart import run_child
+        from draftsmith.quickstart.run import run_child
         child = "import time, sys\\ntry:\\n    time.sleep(60)\\nexcept KeyboardInterrupt:\\n    time.sleep(1.0)\\n"
         child += "    open({str(tmp_path / "saved")!r}, 'w').write('ok')\\n    sys.exit(130)"
         threading.Timer(2.0, lambda: os.killpg(os.getpgid(0), signal.SIGINT)).start()  # a terminal's Ctrl-C

@@ -1,5 +1,6 @@
 """peer.json and peer.md from a bench/peer_speculators.py OUT: tokens per target step per workload for our heads (equal
-minutes, equal tokens), the peer's, ngram's and suffix's, with the tokens and minutes each head trained.
+minutes, equal tokens, and each --lever's two arms), the peer's, ngram's and suffix's, with the tokens and minutes
+each head trained.
 
     python bench/peer_report.py OUT
 """
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 WORKLOADS = ("chat", "mtbench", "code")
-METHODS = ("ours_minutes", "ours_tokens", "peer", "ngram", "suffix")
+BASELINES = ("ngram", "suffix")
 
 
 def ours_trained(run_dir: Path) -> dict:
@@ -24,43 +25,67 @@ def ours_trained(run_dir: Path) -> dict:
     return {"tokens": last.get("tokens"), "minutes": round(last["elapsed_s"] / 60, 2) if last else None}
 
 
+def arms(out: Path) -> dict[str, dict]:
+    """Our arms in OUT: the preset's two and each lever's (levers.json), with their tokens, minutes and overrides."""
+    levers = json.loads((out / "levers.json").read_text()) if (out / "levers.json").is_file() else {}
+    found = {}
+    for suffix, overrides in {"": [], **{f"_{n}": o for n, o in levers.items()}}.items():
+        for equal in ("minutes", "tokens"):
+            run_dir = out / f"ours_{equal}{suffix}"
+            if (run_dir / "metrics.jsonl").is_file():
+                lever = {"lever": suffix[1:], "overrides": overrides} if suffix else {}
+                found[run_dir.name] = {**ours_trained(run_dir), "equal": equal, **lever}
+    return found
+
+
+def workload_row(res: dict, ours: list[str]) -> dict:
+    """Tokens per target step of every head and baseline one evaluation served, our arms over the peer's."""
+    methods = res["methods"]
+    names = [*ours, "peer", *BASELINES]
+    row = {m: methods[m]["tokens_per_target_step"] for m in names if methods.get(m, {}).get("status") == "ok"}
+    match = {m: methods[m].get("match_vs_none") for m in names if m in methods}
+    row["every_output_equal"] = all(v == 1.0 for v in match.values())
+    row["prompts"], row["batch_size"], row["k"] = res["num_prompts"], res.get("batch_size", 8), res["k"]
+    if "peer" in row:
+        for m in ours:
+            if m in row:
+                row[f"{m}_over_peer"] = round(row[m] / row["peer"], 3)
+    return row
+
+
 def report(out: Path) -> dict:
     peer = json.loads((out / "peer" / "trained.json").read_text())
-    trained = {
-        "ours_minutes": {**ours_trained(out / "ours_minutes"), "equal": "minutes"},
-        "ours_tokens": {**ours_trained(out / "ours_tokens"), "equal": "tokens"},
-        "peer": {"tokens": peer["tokens"], "minutes": round(peer["train_seconds"] / 60, 2),
-                 "steps": peer["steps"], "version": peer["version"]},
-    }  # fmt: skip
-    workloads = {}
+    trained = arms(out)
+    trained["peer"] = {"tokens": peer["tokens"], "minutes": round(peer["train_seconds"] / 60, 2),
+                       "steps": peer["steps"], "version": peer["version"]}  # fmt: skip
+    ours = [n for n in trained if n != "peer"]
+    workloads, levers = {}, {}
     for w in WORKLOADS:
-        path = out / f"eval_{w}" / "acceptance.json"
-        if not path.is_file():
-            continue
-        res = json.loads(path.read_text())
-        methods = res["methods"]
-        row = {m: methods[m]["tokens_per_target_step"] for m in METHODS if methods.get(m, {}).get("status") == "ok"}
-        match = {m: methods[m].get("match_vs_none") for m in METHODS if m in methods}
-        row["every_output_equal"] = all(v == 1.0 for v in match.values())
-        row["prompts"], row["batch_size"], row["k"] = res["num_prompts"], res.get("batch_size", 8), res["k"]
-        if "peer" in row:
-            for m in ("ours_minutes", "ours_tokens"):
-                if m in row:
-                    row[f"{m}_over_peer"] = round(row[m] / row["peer"], 3)
-        workloads[w] = row
-    return {"trained": trained, "workloads": workloads}
+        for evaluated, rows in (("eval_" + w, workloads), (f"eval_{w}_levers", levers)):
+            path = out / evaluated / "acceptance.json"
+            if path.is_file():  # the lever arms' run (--levers-only) served the peer and the baselines again
+                rows[w] = workload_row(json.loads(path.read_text()), ours)
+    return {"trained": trained, "workloads": workloads, **({"levers": levers} if levers else {})}
 
 
 def table(rep: dict) -> str:
-    lines = ["| workload | ours, equal minutes | ours, equal tokens | peer | ngram | suffix | ours/peer (min, tok) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for w, row in rep["workloads"].items():
-        cells = [f"{row[m]:.2f}" if m in row else "—" for m in METHODS]
-        ratio = f"{row.get('ours_minutes_over_peer', 0):.2f}x, {row.get('ours_tokens_over_peer', 0):.2f}x"
-        lines.append(f"| {w} | " + " | ".join(cells) + f" | {ratio} |")
+    lines = []
+    for title, rows in (("", rep["workloads"]), ("levers (their own run)", rep.get("levers", {}))):
+        if not rows:
+            continue
+        ours = [m for m in rep["trained"] if m != "peer" and any(m in r for r in rows.values())]
+        if title:
+            lines += ["", title, ""]
+        lines += ["| workload | " + " | ".join([*ours, "peer", *BASELINES]) + " | over the peer |",
+                  "|---|" + "---|" * (len(ours) + 4)]  # fmt: skip
+        for w, row in rows.items():
+            cells = [f"{row[m]:.2f}" if m in row else "—" for m in [*ours, "peer", *BASELINES]]
+            ratio = ", ".join(f"{row[f'{m}_over_peer']:.2f}x" for m in ours if f"{m}_over_peer" in row)
+            lines.append(f"| {w} | " + " | ".join(cells) + f" | {ratio} |")
     lines.append("")
     for name, t in rep["trained"].items():
-        lines.append(f"* {name}: {t['tokens']:,} tokens in {t['minutes']} training minutes")
+        lever = f" ({' '.join(t['overrides'])})" if t.get("overrides") else ""
+        lines.append(f"* {name}: {t['tokens']:,} tokens in {t['minutes']} training minutes{lever}")
     return "\n".join(lines) + "\n"
 
 

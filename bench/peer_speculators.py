@@ -1,6 +1,7 @@
 """draftsmith against vllm-project/speculators on the same data, at equal training minutes and at equal tokens.
 
     python bench/peer_speculators.py OUT [--minutes 12] [--num-conversations 1000] [--num-prompts 24] [--dry-run]
+        [--lever NAME "OVERRIDE ..."]...
 
 Every step is skipped when its output exists, so a stopped call picks up where it stopped; --dry-run prints the
 commands ("+ ...") and runs none. Nothing else should run on the cores (training minutes and step times are
@@ -31,7 +32,12 @@ measured).
    its log.
 6. ours, equal tokens: the same run with optim.max_minutes=null and optim.max_tokens = the peer's tokens,
    OUT/ours_tokens.
-7. the three heads (ours exported at k=3 with `draftsmith export --format vllm`, the peer's last checkpoint as it
+   --lever NAME "OVERRIDES" (repeatable): two more arms of ours, OUT/ours_minutes_NAME and OUT/ours_tokens_NAME, the
+   same two runs with those Hydra overrides added last (nothing else differs), served beside the rest; peer.json
+   records each lever's overrides. A lever's arms can join an OUT that has run before: what exists is kept, and an
+   evaluation that lacks a head is served again; --levers-only serves the lever arms and the peer (with none, ngram
+   and suffix) without our preset's two arms, whose figures the OUT already holds, into OUT/eval_WORKLOAD_levers.
+7. the heads (ours exported at k=3 with `draftsmith export --format vllm`, the peer's last checkpoint as it
    wrote it: vLLM reads the speculators format) beside none, ngram and suffix in `draftsmith eval acceptance`
    (greedy, k=3, 128 tokens, batch 8) on held-out chat, MT-Bench and HumanEval prompts, every output compared with
    no speculation's; bench/peer_report.py writes OUT/peer.json and OUT/peer.md.
@@ -43,6 +49,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -208,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-conversations", type=int, default=1000)
     ap.add_argument("--num-prompts", type=int, default=24)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--lever", nargs=2, action="append", default=[], metavar=("NAME", "OVERRIDES"),
+                    help="two more arms of ours with these Hydra overrides (space-separated) added")  # fmt: skip
+    ap.add_argument("--levers-only", action="store_true", help="serve the lever arms and the peer, not the preset's")
     args = ap.parse_args(argv)
     DRY = args.dry_run
     out = args.out.resolve()
@@ -215,10 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     if not DRY:
         peer.mkdir(parents=True, exist_ok=True)
     data = data_overrides(args.num_conversations)
+    levers = {"": []} | {f"_{name}": shlex.split(overrides) for name, overrides in args.lever}
+    if not DRY and args.lever:
+        (out / "levers.json").write_text(json.dumps({n[1:]: o for n, o in levers.items() if n}, indent=1) + "\n")
+
+    def train(run_dir: Path, budget: list[str], lever: list[str]) -> None:
+        if DRY or not (run_dir / "checkpoints").is_dir():
+            run([sys.executable, "train/run.py", "conf=eagle3_smollm2", f"output_dir={run_dir}", *budget, *data,
+                 "wandb.mode=disabled", *lever])  # fmt: skip
+
+    minutes = [f"optim.max_minutes={args.minutes:g}"]
     ours_m = out / "ours_minutes"
-    if DRY or not (ours_m / "checkpoints").is_dir():
-        run([sys.executable, "train/run.py", "conf=eagle3_smollm2", f"output_dir={ours_m}",
-             f"optim.max_minutes={args.minutes:g}", *data, "wandb.mode=disabled"])  # fmt: skip
+    train(ours_m, minutes, [])
     ensure_peer_venv()
     target = target_dir()
     samples = peer / "samples.jsonl"
@@ -254,25 +272,37 @@ def main(argv: list[str] | None = None) -> int:
             "checkpoint": str(peer_ckpt.relative_to(out)), "version": PEER_VERSION, "args": PEER_CPU_ARGS,
         }, indent=1))  # fmt: skip
 
-    ours_t = out / "ours_tokens"
-    if DRY or not (ours_t / "checkpoints").is_dir():
-        run([sys.executable, "train/run.py", "conf=eagle3_smollm2", f"output_dir={ours_t}", "optim.max_minutes=null",
-             f"optim.max_tokens={peer_tokens}", *data, "wandb.mode=disabled"])  # fmt: skip
+    arms = {}
+    for suffix, lever in levers.items():
+        arms[f"ours_minutes{suffix}"] = out / f"ours_minutes{suffix}"
+        if suffix:  # (the preset's ran first: the peer's samples are its data)
+            train(arms[f"ours_minutes{suffix}"], minutes, lever)
+        arms[f"ours_tokens{suffix}"] = out / f"ours_tokens{suffix}"
+        train(arms[f"ours_tokens{suffix}"], ["optim.max_minutes=null", f"optim.max_tokens={peer_tokens}"], lever)
+    if args.levers_only:
+        arms = {name: run_dir for name, run_dir in arms.items() if name not in ("ours_minutes", "ours_tokens")}
     heads = []
-    for name, run_dir in (("ours_minutes", ours_m), ("ours_tokens", ours_t)):
+    for name, run_dir in arms.items():
         exported = out / f"{name}_k3"
         if DRY or not (exported / "config.json").is_file():
             run(["draftsmith", "export", "--format", "vllm", run_dir, exported, "--k", "3", "--force"])
         heads += ["--head", f"{name}={exported}"]
     heads += ["--head", f"peer={peer_ckpt}"]
     for workload, prompts in workloads(out, ours_m).items():
-        evaluated = out / f"eval_{workload}"
-        if DRY or not (evaluated / "acceptance.json").is_file():
+        evaluated = out / (f"eval_{workload}_levers" if args.levers_only else f"eval_{workload}")
+        if DRY or not served_every(evaluated / "acceptance.json", [*arms, "peer"]):
             run(["draftsmith", "eval", "acceptance", "--target", "smollm2", *heads, "--methods", "none,ngram,suffix",
                  "--prompts", prompts, "--num-prompts", args.num_prompts, "--max-tokens", "128", "--batch-size", "8",
                  "--k", "3", "--out", evaluated])  # fmt: skip
     run([sys.executable, "bench/peer_report.py", out])
     return 0
+
+
+def served_every(result: Path, heads: list[str]) -> bool:
+    """Whether an evaluation exists and served every one of `heads` (a lever added later serves it again)."""
+    if not result.is_file():
+        return False
+    return set(heads) <= set(json.loads(result.read_text())["methods"])
 
 
 def workloads(out: Path, ours_m: Path) -> dict[str, Path]:

@@ -148,3 +148,31 @@ def test_the_peer_ab_trains_both_sides_on_one_data_and_names_what_it_changes(tmp
         module, _, function = VERBS[argv[0]][0].partition(":")
         with pytest.raises(Parsed):
             getattr(importlib.import_module(module), function or "main")(argv[1:])
+
+
+def test_a_peer_lever_adds_its_overrides_and_nothing_else(tmp_path):
+    """--lever NAME "OVERRIDES": two more arms, each our arm of the same budget with those overrides last; with
+    --levers-only the evaluations serve the lever arms and the peer, not the preset's arms, into their own dirs."""
+    import sys
+
+    lever = ["head.ttt_steps=3", "optim.lr=1e-3"]
+    p = subprocess.run(
+        [sys.executable, "bench/peer_speculators.py", str(tmp_path), "--dry-run", "--levers-only",
+         "--lever", "ttt3", " ".join(lever)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, "PEER_VENV": str(tmp_path / "venv")},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    commands = [shlex.split(line[2:].removesuffix(" &")) for line in p.stdout.splitlines() if line.startswith("+ ")]
+    runs = {Path(o.split("=", 1)[1]).name: argv[2:] for argv in commands if argv[1:2] == ["train/run.py"]
+            for o in argv if o.startswith("output_dir=")}  # fmt: skip
+    assert set(runs) == {"ours_minutes", "ours_tokens", "ours_minutes_ttt3", "ours_tokens_ttt3"}
+    for equal in ("minutes", "tokens"):
+        base = [o for o in runs[f"ours_{equal}"] if not o.startswith("output_dir=")]
+        assert [o for o in runs[f"ours_{equal}_ttt3"] if not o.startswith("output_dir=")] == base + lever
+        validate_config(compose_config([o.replace("PEER_TOKENS", "150000") for o in runs[f"ours_{equal}_ttt3"]]))
+    evals = [argv for argv in commands if argv[:3] == ["draftsmith", "eval", "acceptance"]]
+    assert len(evals) == 3
+    for argv in evals:
+        heads = [argv[i + 1].split("=", 1)[0] for i, a in enumerate(argv) if a == "--head"]
+        assert heads == ["ours_minutes_ttt3", "ours_tokens_ttt3", "peer"]
+        assert Path(argv[argv.index("--out") + 1]).name.endswith("_levers")

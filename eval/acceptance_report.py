@@ -78,6 +78,13 @@ def _fmt(x, spec: str = ".2f", none: str = "—") -> str:
     return none if x is None else format(x, spec)
 
 
+# one method's row, as result_cells gives it (the markdown table and the console's rich table)
+RESULT_COLUMNS = (
+    "method", "τ", "α", "accept/pos", "tok/step", "tok/s", "speedup", "match none", "gen tokens", "gen s",
+    "engine start s",
+)  # fmt: skip
+
+
 def result_cells(name: str, r: dict) -> list[str]:
     """A finished method's row, as both tables show it (markdown `format_table`, rich `eval/cli.py rich_table`)."""
     pos = r["per_position_acceptance"]
@@ -103,19 +110,7 @@ def format_table(result: dict) -> str:
         f"max_tokens={result['max_tokens']}, temperature={result['temperature']}, "
         f"target `{Path(result['target']).name}`, vLLM {result['versions'].get('vllm')}"
     )
-    cols = [
-        "method",
-        "τ",
-        "α",
-        "accept/pos",
-        "tok/step",
-        "tok/s",
-        "speedup",
-        "match none",
-        "gen tokens",
-        "gen s",
-        "engine start s",
-    ]
+    cols = RESULT_COLUMNS
     lines = [head, "", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for name, r in result["methods"].items():
         if r["status"] != "ok":

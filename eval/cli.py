@@ -31,7 +31,7 @@ import sys
 
 from draftsmith.argtypes import positive_int
 from draftsmith.eval.acceptance import ENGINE_DEFAULTS, run_acceptance
-from draftsmith.eval.acceptance_report import result_cells
+from draftsmith.eval.acceptance_report import RESULT_COLUMNS, result_cells
 from draftsmith.eval.args import head_arg, json_object, methods_arg
 from draftsmith.eval.methods import BASELINES
 from draftsmith.eval.prompts import PromptFileError
@@ -46,19 +46,7 @@ def rich_table(result: dict):
         title=f"served acceptance, k={result['k']}, {result['num_prompts']} prompts, "
         f"max_tokens={result['max_tokens']}, T={result['temperature']}"
     )
-    for col in (
-        "method",
-        "τ",
-        "α",
-        "accept/pos",
-        "tok/step",
-        "tok/s",
-        "speedup",
-        "match none",
-        "gen tok",
-        "gen s",
-        "start s",
-    ):
+    for col in RESULT_COLUMNS:
         table.add_column(col, justify="left" if col in ("method", "accept/pos") else "right")
     for name, r in result["methods"].items():
         if r["status"] != "ok":

@@ -9,9 +9,10 @@
     draftsmith quickstart --no-hybrid      # the head alone: no hybrid fitted or served, its minutes go to training
 
 Stages: prepare the target (SmolLM2-135M-Instruct GGUF -> HF dir, once) -> probe this machine (target forward,
-head training step: seconds) -> plan -> the target's own answers to ShareGPT first turns (shipped with the package
-for this target; regenerated where anything differs) and their features (extracted once, cached) -> ngram, suffix
-and no speculation served in real vLLM on held-out chat prompts and MT-Bench (and HumanEval with --full), before
+head training step: seconds) -> plan -> the target's own answers to ShareGPT first turns and to stdlib code-completion
+prompts (a share of the data; both shipped with the package for this target, regenerated where anything differs) and
+their features (extracted once, cached) -> ngram, suffix and no speculation served in real vLLM on held-out chat
+prompts, MT-Bench and HumanEval (HumanEval where the budget holds it on this machine), before
 training: what they take here re-plans the training minutes to fill the rest of the budget -> train the head
 (train/run.py conf=eagle3_smollm2, the re-planned minutes on the clock) -> export for vLLM -> the head served on the
 same prompts, beside the baselines' results; for an EAGLE-3 head or an MLP speculator (not with --no-hybrid), first

@@ -16,13 +16,22 @@ BASELINES = ("ngram", "suffix")
 
 
 def ours_trained(run_dir: Path) -> dict:
-    """Tokens and training minutes of a draftsmith run, from the last line of its metrics.jsonl that has them."""
-    last = {}
+    """Tokens, training minutes and tok/s of a draftsmith run (the last line of its metrics.jsonl that has them), and
+    its last held-out evaluation: accuracy per TTT step and simulated tau."""
+    last, evaluated = {}, {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if "tokens" in rec:
             last = rec
-    return {"tokens": last.get("tokens"), "minutes": round(last["elapsed_s"] / 60, 2) if last else None}
+        if "eval/acc" in rec:
+            evaluated = rec
+    out = {"tokens": last.get("tokens"), "minutes": round(last["elapsed_s"] / 60, 2) if last else None}
+    if last:
+        out["tok_per_s"] = round(last["tok_per_s"])
+    if evaluated:
+        out["heldout_acc"] = [round(a, 3) for a in evaluated["eval/acc"]]
+        out["heldout_sim_tau"] = round(evaluated["eval/sim_accept_len"], 3)
+    return out
 
 
 def arms(out: Path) -> dict[str, dict]:
@@ -82,6 +91,18 @@ def table(rep: dict) -> str:
             cells = [f"{row[m]:.2f}" if m in row else "—" for m in [*ours, "peer", *BASELINES]]
             ratio = ", ".join(f"{row[f'{m}_over_peer']:.2f}x" for m in ours if f"{m}_over_peer" in row)
             lines.append(f"| {w} | " + " | ".join(cells) + f" | {ratio} |")
+    screen = {n: t for n, t in rep["trained"].items() if t.get("equal") == "tokens" and "heldout_sim_tau" in t}
+    if len(screen) > 1:
+        lines += [
+            "",
+            "equal tokens, held out (the screen)",
+            "",
+            "| arm | overrides | tokens | tok/s | held-out acc per TTT step | sim tau |",
+            "|---|---|---|---|---|---|",
+        ]
+        for n, t in screen.items():
+            lines.append(f"| {n} | {' '.join(t.get('overrides', [])) or 'the preset'} | {t['tokens']:,} | "
+                         f"{t['tok_per_s']} | {t['heldout_acc']} | {t['heldout_sim_tau']:.3f} |")  # fmt: skip
     lines.append("")
     for name, t in rep["trained"].items():
         lever = f" ({' '.join(t['overrides'])})" if t.get("overrides") else ""

@@ -37,6 +37,8 @@ measured).
    records each lever's overrides. A lever's arms can join an OUT that has run before: what exists is kept, and an
    evaluation that lacks a head is served again; --levers-only serves the lever arms and the peer (with none, ngram
    and suffix) without our preset's two arms, whose figures the OUT already holds, into OUT/eval_WORKLOAD_levers.
+   --screen trains each lever's equal-token arm only and serves nothing: peer.md's screen table compares them with
+   ours at equal tokens by held-out accuracy per TTT step and simulated tau (cheap; serve the winners after).
 7. the heads (ours exported at k=3 with `draftsmith export --format vllm`, the peer's last checkpoint as it
    wrote it: vLLM reads the speculators format) beside none, ngram and suffix in `draftsmith eval acceptance`
    (greedy, k=3, 128 tokens, batch 8) on held-out chat, MT-Bench and HumanEval prompts, every output compared with
@@ -218,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lever", nargs=2, action="append", default=[], metavar=("NAME", "OVERRIDES"),
                     help="two more arms of ours with these Hydra overrides (space-separated) added")  # fmt: skip
     ap.add_argument("--levers-only", action="store_true", help="serve the lever arms and the peer, not the preset's")
+    ap.add_argument("--screen", action="store_true", help="train each lever's equal-token arm only, serve nothing")
     args = ap.parse_args(argv)
     DRY = args.dry_run
     out = args.out.resolve()
@@ -226,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         peer.mkdir(parents=True, exist_ok=True)
     data = data_overrides(args.num_conversations)
     levers = {"": []} | {f"_{name}": shlex.split(overrides) for name, overrides in args.lever}
-    if not DRY and args.lever:
-        (out / "levers.json").write_text(json.dumps({n[1:]: o for n, o in levers.items() if n}, indent=1) + "\n")
+    if not DRY and args.lever:  # every lever this OUT has trained, with its overrides (peer_report reads them)
+        known = json.loads((out / "levers.json").read_text()) if (out / "levers.json").is_file() else {}
+        known |= {n[1:]: o for n, o in levers.items() if n}
+        (out / "levers.json").write_text(json.dumps(known, indent=1) + "\n")
 
     def train(run_dir: Path, budget: list[str], lever: list[str]) -> None:
         if DRY or not (run_dir / "checkpoints").is_dir():
@@ -275,10 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     arms = {}
     for suffix, lever in levers.items():
         arms[f"ours_minutes{suffix}"] = out / f"ours_minutes{suffix}"
-        if suffix:  # (the preset's ran first: the peer's samples are its data)
+        if suffix and not args.screen:  # (the preset's ran first: the peer's samples are its data)
             train(arms[f"ours_minutes{suffix}"], minutes, lever)
         arms[f"ours_tokens{suffix}"] = out / f"ours_tokens{suffix}"
         train(arms[f"ours_tokens{suffix}"], ["optim.max_minutes=null", f"optim.max_tokens={peer_tokens}"], lever)
+    if args.screen:  # the levers' equal-token arms, compared by their held-out figures (peer.md's screen table)
+        run([sys.executable, "bench/peer_report.py", out])
+        return 0
     if args.levers_only:
         arms = {name: run_dir for name, run_dir in arms.items() if name not in ("ours_minutes", "ours_tokens")}
     heads = []

@@ -31,6 +31,7 @@ from pathlib import Path
 from draftsmith.adapt_work import RECORD, check_claimable, claim, forget
 from draftsmith.argtypes import positive_float, positive_int
 from draftsmith.errors import ConfigError, DataError
+from draftsmith.train.config import hydra_value
 
 NOT_PROMOTED = 3
 WORKLOADS = ("traffic", "chat", "mtbench")
@@ -55,23 +56,6 @@ def head_run(head: str) -> tuple[Path, Path, dict]:
     if not config.is_file():
         raise ConfigError(f"{run}: no config.yaml beside its checkpoints; adapt needs the run's saved config")
     return run, ckpt, read_run_config(config)
-
-
-def hydra_value(v) -> str:
-    """`v` in Hydra's override grammar (strings quoted, so `regen:sharegpt` or a path stays one string)."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(hydra_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {type(v).__name__} as a Hydra value")
 
 
 def saved_overrides(saved: dict, skip: tuple[str, ...] = ()) -> list[str]:

@@ -13,9 +13,10 @@ import pytest
 import yaml
 from test_train import conversations, data_file, run_train  # noqa: F401  (data_file: the module-scoped fixture)
 
-from draftsmith.adapt import decide, hydra_value, replay_entries, saved_overrides
+from draftsmith.adapt import decide, replay_entries, saved_overrides
 from draftsmith.errors import ConfigError, DataError
 from draftsmith.traffic import prompt_id, read_traffic, split_heldout
+from draftsmith.train.config import hydra_value
 
 
 def write_lines(path: Path, lines) -> Path:

@@ -385,6 +385,23 @@ def conf_dir() -> Path:
     return Path(str(files("draftsmith.conf")))
 
 
+def hydra_value(v) -> str:
+    """`v` in Hydra's override grammar (strings quoted, so `regen:sharegpt` or a path stays one string)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} as a Hydra value")
+
+
 def compose_config(overrides: list[str]):
     """The run config `draftsmith train` / train/run.py builds from the same `key=value` overrides (conf=NAME too)."""
     from hydra import compose, initialize_config_dir

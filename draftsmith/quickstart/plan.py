@@ -165,12 +165,14 @@ def training_overrides(
 ) -> list[str]:
     """The training stage's Hydra overrides: the preset with its data size, held-out set and clock set (also=None
     keeps its data.also), then the user's own overrides, then resume=auto (a re-run continues)."""
+    from draftsmith.train.config import hydra_value
+
     return [
         f"conf={preset}",
         f"output_dir={out}",
         f"data.num_conversations={conversations}",
         *([] if heldout == PRESET_HELDOUT else [f"data.heldout={heldout}"]),
-        *([] if also is None else [f"data.also=[{','.join(map(also_override, also))}]"]),
+        *([] if also is None else [f"data.also={hydra_value(also)}"]),
         f"optim.max_minutes={minutes:g}",
         # the features from vLLM's own prefill, where it is installed (the quickstart serves with it): 1.2-1.5x the
         # HF forward's tok/s on 2 cores; equal features (docs/features.md)
@@ -178,13 +180,6 @@ def training_overrides(
         *extra,
         "resume=auto",
     ]
-
-
-def also_override(entry) -> str:
-    """One data.also entry in Hydra's override grammar (a mapping's path quoted: a regen: source holds colons)."""
-    if isinstance(entry, str):
-        return f"'{entry}'"
-    return "{" + ",".join(f"{k}:'{v}'" if isinstance(v, str) else f"{k}:{v}" for k, v in entry.items()) + "}"
 
 
 def vllm_installed() -> bool:

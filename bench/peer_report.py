@@ -68,18 +68,22 @@ def report(out: Path) -> dict:
     trained["peer"] = {"tokens": peer["tokens"], "minutes": round(peer["train_seconds"] / 60, 2),
                        "steps": peer["steps"], "version": peer["version"]}  # fmt: skip
     ours = [n for n in trained if n != "peer"]
-    workloads, levers = {}, {}
+    workloads, served = {}, {}  # served: one section per lever run, "levers" or "levers_NAME" (a run set aside)
     for w in WORKLOADS:
-        for evaluated, rows in (("eval_" + w, workloads), (f"eval_{w}_levers", levers)):
-            path = out / evaluated / "acceptance.json"
-            if path.is_file():  # the lever arms' run (--levers-only) served the peer and the baselines again
-                rows[w] = workload_row(json.loads(path.read_text()), ours)
-    return {"trained": trained, "workloads": workloads, **({"levers": levers} if levers else {})}
+        if (out / f"eval_{w}" / "acceptance.json").is_file():
+            workloads[w] = workload_row(json.loads((out / f"eval_{w}" / "acceptance.json").read_text()), ours)
+        for path in sorted(out.glob(f"eval_{w}_levers*/acceptance.json")):
+            # a lever arms' run (--levers-only) served the peer and the baselines again
+            section = path.parent.name.removeprefix(f"eval_{w}_")
+            served.setdefault(section, {})[w] = workload_row(json.loads(path.read_text()), ours)
+    return {"trained": trained, "workloads": workloads, **dict(sorted(served.items()))}
 
 
 def table(rep: dict) -> str:
     lines = []
-    for title, rows in (("", rep["workloads"]), ("levers (their own run)", rep.get("levers", {}))):
+    levers = [k for k in rep if k.startswith("levers")]  # "levers", "levers_wlr8": "levers wlr8 (their own run)"
+    sections = [(f"{k.replace('_', ' ', 1)} (their own run)", rep[k]) for k in levers]
+    for title, rows in [("", rep["workloads"]), *sections]:
         if not rows:
             continue
         ours = [m for m in rep["trained"] if m != "peer" and any(m in r for r in rows.values())]

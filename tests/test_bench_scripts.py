@@ -176,3 +176,45 @@ def test_a_peer_lever_adds_its_overrides_and_nothing_else(tmp_path):
         heads = [argv[i + 1].split("=", 1)[0] for i, a in enumerate(argv) if a == "--head"]
         assert heads == ["ours_minutes_ttt3", "ours_tokens_ttt3", "peer"]
         assert Path(argv[argv.index("--out") + 1]).name.endswith("_levers")
+
+
+def test_the_peer_report_keeps_each_lever_run_set_aside(tmp_path):
+    """A lever run whose eval dirs were set aside (eval_W_levers_NAME) before another --levers-only call stays in
+    peer.json and peer.md as its own section beside the new run's, each with the arms it served over the peer."""
+    import json
+    import sys
+
+    def run_dir(name, tokens):
+        (tmp_path / name).mkdir()
+        log = [{"step": 9, "tokens": tokens, "elapsed_s": 60.0, "tok_per_s": 400.0},
+               {"step": 9, "eval/acc": [0.3, 0.2], "eval/sim_accept_len": 1.4}]  # fmt: skip
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+
+    def served(dirname, steps):
+        (tmp_path / dirname).mkdir()
+        methods = {m: {"status": "ok", "tokens_per_target_step": t, "match_vs_none": 1.0} for m, t in steps.items()}
+        res = {"methods": methods, "num_prompts": 16, "k": 3}
+        (tmp_path / dirname / "acceptance.json").write_text(json.dumps(res))
+
+    (tmp_path / "peer").mkdir()
+    (tmp_path / "peer" / "trained.json").write_text(
+        json.dumps({"tokens": 100, "train_seconds": 60, "steps": 9, "version": "x"})
+    )
+    (tmp_path / "levers.json").write_text(json.dumps({"a": ["optim.lr=1e-3"], "b": ["head.ttt_steps=3"]}))
+    for arm in ("ours_minutes_a", "ours_tokens_a", "ours_minutes_b", "ours_tokens_b"):
+        run_dir(arm, 100)
+    base = {"peer": 1.25, "ngram": 1.5, "suffix": 1.7}
+    served("eval_chat_levers_a", {**base, "ours_minutes_a": 1.5, "ours_tokens_a": 1.375})
+    served("eval_chat_levers", {**base, "ours_minutes_b": 1.4, "ours_tokens_b": 1.3})
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import peer_report
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert peer_report.main([str(tmp_path)]) == 0
+    rep = json.loads((tmp_path / "peer.json").read_text())
+    assert set(rep) == {"trained", "workloads", "levers", "levers_a"}
+    assert rep["levers_a"]["chat"]["ours_minutes_a_over_peer"] == 1.2
+    assert rep["levers"]["chat"]["ours_tokens_b_over_peer"] == 1.04 and "ours_minutes_a" not in rep["levers"]["chat"]
+    md = (tmp_path / "peer.md").read_text()
+    assert "levers a (their own run)" in md and "| chat | 1.50 | 1.38 | 1.25 | 1.50 | 1.70 | 1.20x, 1.10x |" in md

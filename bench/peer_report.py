@@ -70,8 +70,9 @@ def report(out: Path) -> dict:
     ours = [n for n in trained if n != "peer"]
     workloads, served = {}, {}  # served: one section per lever run, "levers" or "levers_NAME" (a run set aside)
     for w in WORKLOADS:
-        if (out / f"eval_{w}" / "acceptance.json").is_file():
-            workloads[w] = workload_row(json.loads((out / f"eval_{w}" / "acceptance.json").read_text()), ours)
+        preset = out / f"eval_{w}" / "acceptance.json"
+        if preset.is_file():
+            workloads[w] = workload_row(json.loads(preset.read_text()), ours)
         for path in sorted(out.glob(f"eval_{w}_levers*/acceptance.json")):
             # a lever arms' run (--levers-only) served the peer and the baselines again
             section = path.parent.name.removeprefix(f"eval_{w}_")

@@ -182,7 +182,6 @@ def test_the_peer_report_keeps_each_lever_run_set_aside(tmp_path):
     """A lever run whose eval dirs were set aside (eval_W_levers_NAME) before another --levers-only call stays in
     peer.json and peer.md as its own section beside the new run's, each with the arms it served over the peer."""
     import json
-    import sys
 
     def run_dir(name, tokens):
         (tmp_path / name).mkdir()
@@ -206,11 +205,9 @@ def test_the_peer_report_keeps_each_lever_run_set_aside(tmp_path):
     base = {"peer": 1.25, "ngram": 1.5, "suffix": 1.7}
     served("eval_chat_levers_a", {**base, "ours_minutes_a": 1.5, "ours_tokens_a": 1.375})
     served("eval_chat_levers", {**base, "ours_minutes_b": 1.4, "ours_tokens_b": 1.3})
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import peer_report
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("peer_report", ROOT / "bench" / "peer_report.py")
+    peer_report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer_report)
     assert peer_report.main([str(tmp_path)]) == 0
     rep = json.loads((tmp_path / "peer.json").read_text())
     assert set(rep) == {"trained", "workloads", "levers", "levers_a"}

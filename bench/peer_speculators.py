@@ -1,7 +1,7 @@
 """draftsmith against vllm-project/speculators on the same data, at equal training minutes and at equal tokens.
 
-    python bench/peer_speculators.py OUT [--minutes 12] [--num-conversations 1000] [--num-prompts 24] [--dry-run]
-        [--lever NAME "OVERRIDE ..."]...
+    python bench/peer_speculators.py OUT [--minutes 12] [--num-conversations 1000] [--code-prompts 0]
+        [--num-prompts 24] [--dry-run] [--lever NAME "OVERRIDE ..."]...
 
 Every step is skipped when its output exists, so a stopped call picks up where it stopped; --dry-run prints the
 commands ("+ ...") and runs none. Nothing else should run on the cores (training minutes and step times are
@@ -9,7 +9,9 @@ measured).
 
 1. ours, equal minutes: `python train/run.py conf=eagle3_smollm2` with output_dir=OUT/ours_minutes,
    optim.max_minutes=MINUTES, the data overrides data.also=[] data.num_conversations=N (--num-conversations)
-   data.features_backend=vllm, and wandb.mode=disabled (the preset otherwise: Muon, TTT 2, draft vocab 4,096, KL to
+   data.features_backend=vllm, and wandb.mode=disabled; --code-prompts C > 0 sets data.also to the first C prompts of
+   the shipped stdlib code pool (regen:pycode:stdlib, the target's own answers, as the quickstart plan trains on), so
+   both sides train on chat and code (the preset otherwise: Muon, TTT 2, draft vocab 4,096, KL to
    the target over the draft vocab, the prompt rows supervised).
 2. the peer in its own venv (PEER_VENV, default ~/.cache/draftsmith/peer/speculators-0.9.0): `pip install
    torch==2.13.0 speculators==0.9.0` (torch from this machine's wheel), then torchvision and torchaudio uninstalled
@@ -72,8 +74,14 @@ CALIBRATION_STEPS = 8
 DRY = False
 
 
-def data_overrides(n: int) -> list[str]:
-    return ["data.also=[]", f"data.num_conversations={n}", "data.features_backend=vllm"]
+CODE_SET = "regen:pycode:stdlib"
+
+
+def data_overrides(n: int, code_prompts: int = 0) -> list[str]:
+    from draftsmith.train.config import hydra_value
+
+    also = [{"path": CODE_SET, "num_conversations": code_prompts}] if code_prompts else []
+    return [f"data.also={hydra_value(also)}", f"data.num_conversations={n}", "data.features_backend=vllm"]
 
 
 def run(cmd: list, **kw) -> subprocess.CompletedProcess | None:
@@ -215,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--minutes", type=float, default=12.0)
     ap.add_argument("--num-conversations", type=int, default=1000)
+    ap.add_argument("--code-prompts", type=int, default=0, help="both sides also train on N stdlib code answers")
     ap.add_argument("--num-prompts", type=int, default=24)
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--lever", nargs=2, action="append", default=[], metavar=("NAME", "OVERRIDES"),
@@ -227,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     peer = out / "peer"
     if not DRY:
         peer.mkdir(parents=True, exist_ok=True)
-    data = data_overrides(args.num_conversations)
+    data = data_overrides(args.num_conversations, args.code_prompts)
     levers = {"": []} | {f"_{name}": shlex.split(overrides) for name, overrides in args.lever}
     if not DRY and args.lever:  # every lever this OUT has trained, with its overrides (peer_report reads them)
         known = json.loads((out / "levers.json").read_text()) if (out / "levers.json").is_file() else {}

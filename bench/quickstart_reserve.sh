@@ -3,9 +3,14 @@
 # 16-19 prompts per workload to keep its budget, too few to tell a head from suffix decoding on chat (suffix's tokens
 # per step moved 1.59-1.80 between prompt subsets of one held-out set). This serves the exported head beside none,
 # ngram and suffix (and its hybrid, where the quickstart fitted one: its default) on 64 of the run's held-out chat prompts
-# and MT-Bench's first 40, the counts of the hour records.
+# and MT-Bench's first 40, the counts of the hour records (a count of 0 leaves that workload out).
 #
 #   bash bench/quickstart_reserve.sh QUICKSTART_OUT OUT [CHAT_PROMPTS] [MTBENCH_PROMPTS]
+#
+# Knobs (environment): CODE=N also serves HumanEval's first N problems (OUT/code); SPEC_BENCH=N also serves N prompts
+# of each of Spec-Bench's five task categories, translation, summarization, qa, math_reasoning and rag (OUT/specbench_
+# CATEGORY, `eval acceptance --category`), from SPEC_BENCH_FILE (default: the shared data's
+# spec_bench_questions.jsonl beside this checkout).
 #
 # The served settings are the quickstart's (greedy, k=3, 128 tokens, batch 8; the head's name and the target's
 # dtype from the quickstart's own acceptance.json); nothing is trained. Run it in the quickstart's environment
@@ -28,13 +33,28 @@ fi
 # a quickstart (without --no-hybrid) fitted the head's policy into exported/hybrid.json: hybrid(HEAD) is served beside it
 hybrid=()
 [ -f "$QS/exported/hybrid.json" ] && hybrid=(--hybrid "$head")
+CODE=${CODE:-0}
+SPEC_BENCH=${SPEC_BENCH:-0}
+SPEC_BENCH_FILE=${SPEC_BENCH_FILE:-$(cd "$(dirname "$0")/../.." && pwd)/shared/data/spec_bench_questions.jsonl}
 mt=$(python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())")
 [ "$DRY" = 1 ] || mkdir -p "$OUT"
-for w in chat mtbench; do
-  prompts=$QS/heldout_prompts.jsonl n=$CHAT
-  [ "$w" = mtbench ] && prompts=$mt n=$MT
-  [ -f "$OUT/$w/acceptance.json" ] && continue
+# workload name, prompt file (or HumanEval's `code`), prompts, and a Spec-Bench category (or -)
+workloads=("chat $QS/heldout_prompts.jsonl $CHAT -" "mtbench $mt $MT -" "code code $CODE -")
+for c in translation summarization qa math_reasoning rag; do
+  workloads+=("specbench_$c $SPEC_BENCH_FILE $SPEC_BENCH $c")
+done
+for w in "${workloads[@]}"; do
+  read -r name prompts n category <<<"$w"
+  [ "$n" = 0 ] && continue
+  [ -f "$OUT/$name/acceptance.json" ] && continue
+  if [ "$prompts" = code ]; then
+    prompts=$OUT/humaneval_prompts.jsonl
+    [ "$DRY" = 1 ] || python -c "import json, sys; from draftsmith.eval.prompts import humaneval_prompts
+open(sys.argv[1], 'w').writelines(json.dumps(r) + '\n' for r in humaneval_prompts())" "$prompts"
+  fi
+  only=()
+  [ "$category" = - ] || only=(--category "$category")
   run draftsmith eval acceptance --target smollm2 --head "$head=$QS/exported" --methods none,ngram,suffix \
-    "${hybrid[@]}" --prompts "$prompts" --num-prompts "$n" --k 3 --max-tokens 128 --batch-size 8 --dtype "$dtype" \
-    --out "$OUT/$w"
+    "${hybrid[@]}" --prompts "$prompts" "${only[@]}" --num-prompts "$n" --k 3 --max-tokens 128 --batch-size 8 \
+    --dtype "$dtype" --out "$OUT/$name"
 done

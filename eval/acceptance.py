@@ -276,9 +276,12 @@ def run_acceptance(
     temperature: float = 0.0,
     seed: int = 0,
     hybrids: tuple[str, ...] | dict[str, str | None] = (),
+    categories: list[str] | None = None,
     **engine,
 ) -> dict:
     """Run every method on the same prompts in real vLLM; write acceptance.json/.md under out_dir.
+
+    categories: only the prompts of these `category` values (Spec-Bench's), num_prompts of each.
 
     hybrids: head names also served as `hybrid(NAME)`: the head (vLLM's EAGLE-3 drafter, or an MLP speculator in
     draftsmith's plugin) with suffix decoding and prompt lookup, chosen per request and step by the policy fitted
@@ -350,7 +353,7 @@ def run_acceptance(
         spec[n]["num_speculative_tokens_per_batch_size"] = rows
 
     target = resolve_target(str(target))
-    prompts = load_prompts(prompts_path, num_prompts)
+    prompts = load_prompts(prompts_path, num_prompts, categories)
     target_config = AutoConfig.from_pretrained(target)
     depth_warnings = []
     for name, head_dir in heads.items():  # before any engine: vLLM serves a head made for another target silently
@@ -388,7 +391,9 @@ def run_acceptance(
     runs_dir.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
     console.print(
-        f"[bold]acceptance[/]: {len(prompts)} prompts from {prompts_path}, k={k}, "
+        f"[bold]acceptance[/]: {len(prompts)} prompts from {prompts_path}"
+        + (f" ({', '.join(categories)})" if categories else "")
+        + f", k={k}, "
         f"max_tokens={max_tokens}, methods: {', '.join(names)}"
     )
     for warning in filter(None, depth_warnings):
@@ -473,6 +478,7 @@ def run_acceptance(
         "target": target,
         "prompts_file": str(prompts_path),
         "num_prompts": len(prompts),
+        "categories": sorted(categories) if categories else None,
         "k": k,
         "max_tokens": max_tokens,
         "temperature": temperature,

@@ -90,6 +90,13 @@ def acceptance(argv: list[str]) -> int:
     )
     p.add_argument("--prompts", required=True, help="JSONL of {messages}|{prompt}|{turns}|{question}")
     p.add_argument("--num-prompts", type=positive_int, default=None, help="the first N prompts (default: all)")
+    p.add_argument(
+        "--category",
+        type=lambda s: [c for c in s.split(",") if c],
+        default=None,
+        help="only the prompts of these comma-separated `category` values, --num-prompts of each "
+        "(Spec-Bench: translation, summarization, qa, math_reasoning, rag, and MT-Bench's eight)",
+    )
     p.add_argument("--k", type=positive_int, default=3, help="speculative tokens per step")
     p.add_argument("--max-tokens", type=positive_int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -187,6 +194,7 @@ def acceptance(argv: list[str]) -> int:
             k=args.k,
             max_tokens=args.max_tokens,
             num_prompts=args.num_prompts,
+            categories=args.category,
             out_dir=args.out,
             temperature=args.temperature,
             seed=args.seed,

@@ -52,15 +52,19 @@ def _messages(record: dict) -> list[dict]:
     raise ValueError(f"expected one of the keys {', '.join(repr(k) for k in PROMPT_KEYS)}")
 
 
-def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
-    """Read up to `limit` prompts (the first ones in the file) as `{"messages", "id", "category", "line"}`."""
+def load_prompts(path: str | Path, limit: int | None = None, categories: list[str] | None = None) -> list[dict]:
+    """Read up to `limit` prompts (the first ones in the file) as `{"messages", "id", "category", "line"}`; with
+    `categories`, only the records whose `category` field is one of them (Spec-Bench's translation, summarization, qa,
+    math_reasoning, rag, ...), and a category the file does not have is an error that lists the ones it has."""
     path = Path(path)
     if not path.is_file():
         raise PromptFileError(f"{path}: no such prompt file")
+    wanted = set(categories or ())
+    seen: dict[str, int] = {}
     prompts: list[dict] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
-            if limit is not None and len(prompts) >= limit:
+            if limit is not None and len(prompts) >= limit * max(1, len(wanted)):
                 break
             if not line.strip():
                 continue
@@ -70,6 +74,12 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
                 raise PromptFileError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(record, dict):
                 raise PromptFileError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+            if wanted:
+                category = record.get("category")
+                key = "(no category field)" if category is None else str(category)
+                seen[key] = seen.get(key, 0) + 1
+                if category not in wanted or (limit is not None and seen[key] > limit):
+                    continue
             try:
                 messages = _messages(record)
             except ValueError as e:
@@ -82,6 +92,10 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
                     "line": lineno,
                 }
             )
+    missing = sorted(wanted - {p["category"] for p in prompts})
+    if missing:
+        have = ", ".join(f"{c} ({n})" for c, n in sorted(seen.items())) or "none (no records)"
+        raise PromptFileError(f"{path}: no prompts of category {', '.join(missing)}; its categories: {have}")
     if not prompts:
         raise PromptFileError(f"{path}: no prompts found")
     return prompts

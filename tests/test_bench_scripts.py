@@ -88,6 +88,30 @@ def test_its_draftsmith_commands_parse(script, tmp_path, parse_only):  # noqa: F
             main(argv[1:])
 
 
+def test_reserve_serves_code_and_each_spec_bench_category_on_request(tmp_path, parse_only):  # noqa: F811
+    """quickstart_reserve.sh: CODE=N adds HumanEval, SPEC_BENCH=N one run per Spec-Bench task category (N of each,
+    `--category`), a count of 0 leaves a workload out; every command parses."""
+    commands = dry_run("quickstart_reserve.sh", tmp_path, SPEC_BENCH="4", CODE="8", SPEC_BENCH_FILE="/x/sb.jsonl")
+    outs = {Path(a[a.index("--out") + 1]).name: a for a in commands}
+    five = ["translation", "summarization", "qa", "math_reasoning", "rag"]
+    assert list(outs) == ["chat", "mtbench", "code", *(f"specbench_{c}" for c in five)]
+    for c in five:
+        argv = outs[f"specbench_{c}"]
+        assert (argv[argv.index("--category") + 1], argv[argv.index("--num-prompts") + 1]) == (c, "4")
+        assert argv[argv.index("--prompts") + 1] == "/x/sb.jsonl"
+    assert outs["code"][outs["code"].index("--num-prompts") + 1] == "8" and "--category" not in outs["code"]
+    args = [str(tmp_path / "QS_OUT"), str(tmp_path), "0", "0"]
+    p = subprocess.run(["bash", "bench/quickstart_reserve.sh", *args], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "DRY": "1", "SPEC_BENCH": "2"}, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    served = [line for line in p.stdout.splitlines() if line.startswith("+ ")]
+    assert len(served) == 5 and all("--category" in line for line in served)
+    for argv in commands:
+        module, _, function = VERBS[argv[1]][0].partition(":")
+        with pytest.raises(Parsed):
+            getattr(importlib.import_module(module), function or "main")(argv[2:])
+
+
 def test_mlp_hour_knobs_take_effect(tmp_path):
     commands = dry_run("mlp_hour.sh", tmp_path, CONVERSATIONS="8000", ALSO="[regen:pycode:stdlib]", BATCH1="0")
     (train,) = [argv[2:] for argv in commands if argv[:2] == ["python", "train/run.py"]]
@@ -176,6 +200,38 @@ def test_a_peer_lever_adds_its_overrides_and_nothing_else(tmp_path):
         heads = [argv[i + 1].split("=", 1)[0] for i, a in enumerate(argv) if a == "--head"]
         assert heads == ["ours_minutes_ttt3", "ours_tokens_ttt3", "peer"]
         assert Path(argv[argv.index("--out") + 1]).name.endswith("_levers")
+
+
+def test_peer_code_prompts_give_both_sides_the_same_code_answers(tmp_path):
+    """--code-prompts C: both of our arms train on the first C answers of the shipped stdlib code pool beside the
+    chat turns (nothing else changes), and the peer's samples are written from the minutes arm, so it reads them too."""
+    import sys
+
+    def dry(*extra):
+        p = subprocess.run(
+            [sys.executable, "bench/peer_speculators.py", str(tmp_path), "--dry-run", *extra],
+            capture_output=True, text=True, cwd=ROOT, timeout=300,
+            env={**os.environ, "PEER_VENV": str(tmp_path / "venv")},
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        commands = [shlex.split(line[2:].removesuffix(" &")) for line in p.stdout.splitlines() if line.startswith("+ ")]
+        runs = [[o.replace("PEER_TOKENS", "150000") for o in argv[2:]] for argv in commands
+                if argv[1:2] == ["train/run.py"]]  # fmt: skip
+        return commands, runs
+
+    _, plain = dry()
+    commands, coded = dry("--code-prompts", "300")
+    assert len(coded) == 2
+    for with_code, without in zip(coded, plain):
+        cfg = compose_config(with_code)
+        validate_config(cfg)
+        assert [dict(a) for a in cfg.data.also] == [{"path": "regen:pycode:stdlib", "num_conversations": 300}]
+        assert list(compose_config(without).data.also) == []
+        assert [o for o in with_code if not o.startswith("data.also=")] == [
+            o for o in without if not o.startswith("data.also=")
+        ]
+    samples_from = next(argv[2] for argv in commands if argv[1:2] == ["bench/peer_data.py"])
+    assert Path(samples_from).name == "ours_minutes"
 
 
 def test_the_peer_report_keeps_each_lever_run_set_aside(tmp_path):

@@ -136,6 +136,26 @@ def test_shared_benchmark_files_load(name, n):
     assert len(ps) == n and all(p["messages"][-1]["role"] == "user" for p in ps)
 
 
+def test_prompts_by_category_take_n_of_each_and_name_what_a_file_has(tmp_path):
+    """--category: N prompts of each named category, in file order; a category the file lacks lists the ones it
+    has (Spec-Bench's are checked where shared/data holds it)."""
+    rows = [json.dumps({"turns": [f"{c}{i}"], "category": c}) for i in range(3) for c in ("qa", "rag", "writing")]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    got = load_prompts(path, 2, ["rag", "qa"])
+    assert [p["messages"][0]["content"] for p in got] == ["qa0", "rag0", "qa1", "rag1"]
+    assert len(load_prompts(path, None, ["writing"])) == 3
+    with pytest.raises(PromptFileError, match=r"p.jsonl: no prompts of category math; its categories: qa \(3\)"):
+        load_prompts(path, 2, ["qa", "math"])
+    untagged = write_jsonl(tmp_path / "u.jsonl", [json.dumps({"prompt": "P"})])
+    with pytest.raises(PromptFileError, match=r"category qa; its categories: \(no category field\) \(1\)"):
+        load_prompts(untagged, 1, ["qa"])
+    spec_bench = SHARED_DATA / "spec_bench_questions.jsonl"
+    if spec_bench.is_file():
+        five = ["translation", "summarization", "qa", "math_reasoning", "rag"]
+        got = load_prompts(spec_bench, 4, five)
+        assert sorted(p["category"] for p in got) == sorted(five * 4)
+
+
 def test_render_uses_chat_template_without_extra_bos(tokenizer):
     messages = [{"role": "user", "content": "Hello there"}]
     (ids,) = render_prompts(tokenizer, [{"messages": messages}])

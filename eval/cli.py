@@ -4,6 +4,8 @@ r"""`draftsmith eval acceptance`: measure draft acceptance in real vLLM speculat
         --prompts ../shared/data/spec_bench_questions.jsonl --num-prompts 20 --k 3 --out runs/acceptance
     draftsmith eval acceptance --target smollm2 --head mine=exported/eagle3_smollm2 \
         --prompts ../shared/data/gsm8k_test.jsonl --num-prompts 50 --k 3 --out runs/acceptance_gsm8k
+    draftsmith eval acceptance --target smollm2 --head mine=exported/eagle3_smollm2 \
+        --prompts ../shared/data/spec_bench_questions.jsonl --category summarization --num-prompts 16 --out runs/sum
 
 Writes OUT/acceptance.json (every figure, versions, exact speculative configs), OUT/acceptance.md and
 OUT/runs/ (per method: the job, vLLM's log, the generated token ids).
@@ -30,7 +32,8 @@ import argparse
 import sys
 
 from draftsmith.argtypes import positive_int
-from draftsmith.eval.acceptance import ENGINE_DEFAULTS, run_acceptance
+from draftsmith.eval.acceptance import run_acceptance
+from draftsmith.eval.acceptance_plan import ENGINE_DEFAULTS
 from draftsmith.eval.acceptance_report import RESULT_COLUMNS, result_cells
 from draftsmith.eval.args import head_arg, json_object, methods_arg
 from draftsmith.eval.methods import BASELINES

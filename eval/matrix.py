@@ -619,7 +619,7 @@ def main(argv: list[str]) -> int:
     import argparse
     import sys
 
-    from draftsmith.eval.acceptance import ENGINE_DEFAULTS
+    from draftsmith.eval.acceptance_plan import ENGINE_DEFAULTS
     from draftsmith.eval.args import head_arg, methods_arg
     from draftsmith.eval.prompts import PromptFileError
 

@@ -1,6 +1,7 @@
 """What each method's engine is in `draftsmith eval acceptance` (and the matrix, the HTTP bench): its exact
 `speculative_config`, the extra LLM(...) arguments a head or a hybrid needs, and the drafting mode a head may be
-served in. eval/acceptance.py runs the engines; eval/acceptance_report.py writes the tables."""
+served in. eval/acceptance_plan.py checks a run before it starts, eval/acceptance.py runs the engines,
+eval/acceptance_rows.py turns their results into rows and eval/acceptance_report.py writes the tables."""
 
 from __future__ import annotations
 

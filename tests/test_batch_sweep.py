@@ -122,7 +122,7 @@ def _cell(tok_s: float, accepted: int, outputs=((1, 2, 3),)) -> dict:
 def test_repeats_pair_each_round_with_no_speculation_in_the_same_round():
     """The machine slows down in round 2 for both methods: the per-round ratios stay 1.1x and 1.2x, and the cell's
     figure is their median, not the ratio of means a drifting machine would bias."""
-    from draftsmith.eval.acceptance import _rows_at, merge_rounds
+    from draftsmith.eval.acceptance_rows import merge_rounds, rows_at
 
     none = merge_rounds([_cell(100, 0), _cell(50, 0), _cell(100, 0)])
     head = merge_rounds([_cell(110, 20), _cell(60, 20), _cell(120, 20)])
@@ -131,7 +131,7 @@ def test_repeats_pair_each_round_with_no_speculation_in_the_same_round():
     assert head["counters"] == {"num_drafts": 150, "num_accepted_tokens": 60, "num_accepted_tokens_per_pos": [60, 0]}
     assert head["round_mismatches"] == []
     children = {"none": {**none, "sweep": [none]}, "h": {**head, "sweep": [head]}}
-    rows = _rows_at(0, ["none", "h"], children, {"none": None, "h": {"method": "eagle3"}}, 0.0)
+    rows = rows_at(0, ["none", "h"], children, {"none": None, "h": {"method": "eagle3"}}, 0.0)
     assert rows["h"]["speedup_rounds"] == pytest.approx([1.1, 1.2, 1.2])
     assert rows["h"]["speedup_vs_none"] == pytest.approx(1.2)
     assert rows["h"]["output_tokens_per_s"] == pytest.approx(300 / (100 / 110 + 100 / 60 + 100 / 120))

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftsmith.eval.acceptance import acceptance_metrics, compare_outputs, run_acceptance, tokens_per_step
+from draftsmith.eval.acceptance import run_acceptance
 from draftsmith.eval.acceptance_report import format_table
+from draftsmith.eval.acceptance_rows import acceptance_metrics, compare_outputs, tokens_per_step
 from draftsmith.eval.cli import main as eval_main
 from draftsmith.eval.methods import speculative_config
 from draftsmith.eval.prompts import PromptFileError, first_turns, load_prompts, render_prompts

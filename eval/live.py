@@ -31,7 +31,7 @@ from pathlib import Path
 from draftsmith.argtypes import positive_int
 from draftsmith.atomic import atomic_write, atomic_write_json
 from draftsmith.errors import ConfigError, DraftsmithError
-from draftsmith.eval.acceptance import tokens_per_step
+from draftsmith.eval.acceptance_rows import tokens_per_step
 from draftsmith.eval.prompts import load_prompts
 
 

@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from draftsmith.argtypes import positive_int
-from draftsmith.eval.acceptance import compare_outputs, engine_versions, run_acceptance
+from draftsmith.eval.acceptance import engine_versions, run_acceptance
+from draftsmith.eval.acceptance_rows import compare_outputs
 from draftsmith.eval.methods import BASELINES
 from draftsmith.eval.prompts import load_workload, render_prompts
 from draftsmith.eval.reference_decoder import (

@@ -10,7 +10,8 @@
 # Knobs (environment): CODE=N also serves HumanEval's first N problems (OUT/code); SPEC_BENCH=N also serves N prompts
 # of each of Spec-Bench's five task categories, translation, summarization, qa, math_reasoning and rag (OUT/specbench_
 # CATEGORY, `eval acceptance --category`), from SPEC_BENCH_FILE (default: the shared data's
-# spec_bench_questions.jsonl beside this checkout).
+# spec_bench_questions.jsonl beside this checkout). bench/reserve_report.py then writes OUT/reserve.{json,md}: every
+# workload's head, hybrid, ngram and suffix in one table.
 #
 # The served settings are the quickstart's (greedy, k=3, 128 tokens, batch 8; the head's name and the target's
 # dtype from the quickstart's own acceptance.json); nothing is trained. Run it in the quickstart's environment
@@ -58,3 +59,4 @@ open(sys.argv[1], 'w').writelines(json.dumps(r) + '\n' for r in humaneval_prompt
     "${hybrid[@]}" --prompts "$prompts" "${only[@]}" --num-prompts "$n" --k 3 --max-tokens 128 --batch-size 8 \
     --dtype "$dtype" --out "$OUT/$name"
 done
+[ "$DRY" = 1 ] || python "$(dirname "$0")/reserve_report.py" "$OUT"  # OUT/reserve.{json,md}: one table

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -110,6 +111,36 @@ def test_reserve_serves_code_and_each_spec_bench_category_on_request(tmp_path, p
         module, _, function = VERBS[argv[1]][0].partition(":")
         with pytest.raises(Parsed):
             getattr(importlib.import_module(module), function or "main")(argv[2:])
+
+
+def test_reserve_report_tabulates_every_workload_in_serving_order(tmp_path):
+    """bench/reserve_report.py: one row per OUT/NAME/acceptance.json (chat, MT-Bench, code, then Spec-Bench's
+    categories), the head and its hybrid over the better of ngram and suffix, a failed method named, outputs checked."""
+
+    def served(name, steps, match=1.0, failed=()):
+        methods = {m: {"status": "ok", "tokens_per_target_step": t, "speedup_vs_none": 1.0 / t if m != "none" else 1.0,
+                       "match_vs_none": None if m == "none" else match} for m, t in steps.items()}  # fmt: skip
+        methods |= {m: {"status": "failed", "error": "x"} for m in failed}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "acceptance.json").write_text(json.dumps({"num_prompts": 16, "methods": methods}))
+
+    base = {"none": 1.0, "ngram": 1.5, "suffix": 1.6}
+    served("specbench_rag", {**base, "eagle3": 1.2, "hybrid(eagle3)": 2.0})
+    served("chat", {**base, "eagle3": 2.0, "hybrid(eagle3)": 2.4})
+    served("specbench_qa", {**base, "eagle3": 1.8}, match=0.9375, failed=["hybrid(eagle3)"])
+    spec = importlib.util.spec_from_file_location("reserve_report", ROOT / "bench" / "reserve_report.py")
+    reserve_report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reserve_report)
+    assert reserve_report.main([str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "reserve.json").read_text())
+    assert list(rows) == ["chat", "specbench_qa", "specbench_rag"]
+    assert rows["chat"]["over_best_training_free"] == {"eagle3": 1.25, "hybrid(eagle3)": 1.5}
+    assert rows["specbench_rag"]["over_best_training_free"]["eagle3"] == 0.75
+    assert rows["specbench_qa"]["failed"] == ["hybrid(eagle3)"] and not rows["specbench_qa"]["every_output_equal"]
+    assert rows["chat"]["every_output_equal"]
+    md = (tmp_path / "reserve.md").read_text().splitlines()
+    assert md[2].startswith("| chat | 16 | 2.00 | 2.40 | 1.50 | 1.60 | 1.25x | 1.50x |")
+    assert "| specbench_qa | 16 | 1.80 | - |" in md[3]
 
 
 def test_mlp_hour_knobs_take_effect(tmp_path):

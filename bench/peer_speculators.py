@@ -74,10 +74,8 @@ CALIBRATION_STEPS = 8
 DRY = False
 
 
-CODE_SET = "regen:pycode:stdlib"
-
-
 def data_overrides(n: int, code_prompts: int = 0) -> list[str]:
+    from draftsmith.quickstart.plan import CODE_SET
     from draftsmith.train.config import hydra_value
 
     also = [{"path": CODE_SET, "num_conversations": code_prompts}] if code_prompts else []
@@ -323,11 +321,11 @@ def served_every(result: Path, heads: list[str]) -> bool:
 
 
 def workloads(out: Path, ours_m: Path) -> dict[str, Path]:
-    from draftsmith.eval.prompts import humaneval_prompts, mtbench_file
+    from draftsmith.eval.prompts import mtbench_file, write_humaneval_prompts
 
     code = out / "humaneval_prompts.jsonl"
     if not DRY and not code.is_file():
-        code.write_text("".join(json.dumps(r) + "\n" for r in humaneval_prompts()))
+        write_humaneval_prompts(code)
     return {"chat": ours_m / "heldout_prompts.jsonl", "mtbench": Path(mtbench_file()), "code": code}
 
 

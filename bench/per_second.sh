@@ -35,9 +35,8 @@ prompts() {
   case $1 in
     chat) echo "$RUN/heldout_prompts.jsonl" ;;
     mtbench) python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())" ;;
-    code) python -c "
-import json; from draftsmith.eval.prompts import humaneval_prompts
-open('$OUT/humaneval_prompts.jsonl', 'w').write(''.join(json.dumps(r) + '\n' for r in humaneval_prompts()))"
+    code) python -c "import sys; from draftsmith.eval.prompts import write_humaneval_prompts
+write_humaneval_prompts(sys.argv[1])" "$OUT/humaneval_prompts.jsonl"
       echo "$OUT/humaneval_prompts.jsonl" ;;
   esac
 }

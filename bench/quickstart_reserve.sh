@@ -50,8 +50,8 @@ for w in "${workloads[@]}"; do
   [ -f "$OUT/$name/acceptance.json" ] && continue
   if [ "$prompts" = code ]; then
     prompts=$OUT/humaneval_prompts.jsonl
-    [ "$DRY" = 1 ] || python -c "import json, sys; from draftsmith.eval.prompts import humaneval_prompts
-open(sys.argv[1], 'w').writelines(json.dumps(r) + '\n' for r in humaneval_prompts())" "$prompts"
+    [ "$DRY" = 1 ] || python -c "import sys; from draftsmith.eval.prompts import write_humaneval_prompts
+write_humaneval_prompts(sys.argv[1])" "$prompts"
   fi
   only=()
   [ "$category" = - ] || only=(--category "$category")

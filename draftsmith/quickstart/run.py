@@ -173,12 +173,11 @@ def main(argv: list[str]) -> int:
     def serve(heads: dict[str, str], hybrids: tuple[str, ...] = ()) -> dict:
         from draftsmith.eval.acceptance import run_acceptance
         from draftsmith.eval.acceptance_report import format_table
-        from draftsmith.eval.prompts import humaneval_prompts, mtbench_file
+        from draftsmith.eval.prompts import mtbench_file, write_humaneval_prompts
 
         files = {"chat": out / "heldout_prompts.jsonl", "mtbench": mtbench_file()}
         if "code" in plan.workloads:  # HumanEval as a prompts file, once
-            files["code"] = out / "humaneval_prompts.jsonl"
-            files["code"].write_text("".join(json.dumps(r) + "\n" for r in humaneval_prompts()))
+            files["code"] = write_humaneval_prompts(out / "humaneval_prompts.jsonl")
         results = {}
         for w in plan.workloads:
             print(f"\n--- {w} ---", flush=True)

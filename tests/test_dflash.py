@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from draftsmith.train.block_loss import block_counts, block_loss, block_mask, pick_anchors
+from draftsmith.train.block_loss import block_counts, block_loss, block_mask, pick_anchors, slot_loss_weights
 from draftsmith.train.heads.dflash import DFlashConfig, DFlashHead, default_mask_token
 
 AUX = [1, 3, 4]
@@ -111,6 +111,49 @@ def test_the_loss_scores_every_counted_slot_and_learns(tiny):
     assert [int(c) for c in out.counts] == block_counts(mask, 3, 8).int().tolist()
     assert losses[-1] < 0.5 * losses[0], losses
     assert 0 <= float(out.accept_len) <= 3 * float(out.rows)
+
+
+def test_acceptance_weights_are_each_slots_share_of_the_expected_accepted_length():
+    # one anchor, three slots, a 4-token draft vocab; the target's likeliest token is row 2 at every slot
+    q = torch.tensor([0.5, 0.4, 0.1])
+    scores = [torch.log(torch.tensor([[(1 - p) / 3, (1 - p) / 3, p, (1 - p) / 3]])) for p in q]
+    targets = [torch.tensor([[0.1, 0.1, 0.7, 0.1]])] * 3
+    sup = torch.ones(1, 1, 3, dtype=torch.bool)
+    w = slot_loss_weights(sup, scores, targets, "acceptance", 0.8, 0.0)[0, 0]
+    q1, q2, q3 = q.tolist()
+    expected = [q1 + q1 * q2 + q1 * q2 * q3, q1 * q2 + q1 * q2 * q3, q1 * q2 * q3]
+    assert torch.allclose(w, torch.tensor(expected)), (w, expected)
+    floored = slot_loss_weights(sup, scores, targets, "acceptance", 0.8, 0.5)[0, 0]
+    s1, s2, s3 = (0.5 * p + 0.5 for p in q.tolist())
+    assert torch.allclose(floored, torch.tensor([s1 + s1 * s2 + s1 * s2 * s3, s1 * s2 + s1 * s2 * s3, s1 * s2 * s3]))
+    # a slot past the sequence's end (unsupervised) adds nothing and scales nothing
+    cut = torch.tensor([[[True, True, False]]])
+    w = slot_loss_weights(cut, scores[:2] + [scores[2][:0]], targets[:2] + [targets[2][:0]], "acceptance", 0.8, 0.0)
+    assert torch.allclose(w[0, 0], torch.tensor([q1 + q1 * q2, q1 * q2, 0.0]))
+    decay = slot_loss_weights(sup, scores, targets, "decay", 0.8, 0.5)[0, 0]
+    assert torch.allclose(decay, torch.tensor([1.0, 0.8, 0.64]))
+
+
+def test_acceptance_weighted_blocks_learn_and_decay_is_unchanged(tiny):
+    model, target = tiny
+    head = make_head(model, Vd=model.config.vocab_size)
+    torch.manual_seed(4)
+    x = torch.randint(5, 400, (2, 32))
+    mask = torch.ones(2, 32)
+    mask[:, :6] = 0
+    feats = target.features(x)
+    out = block_loss(head, feats.aux, feats.logits, x, mask, 8, 0.8, loss="argmax")
+    by_slot = sum(0.8**j * float(loss) for j, loss in enumerate(out.losses))
+    assert float(out.loss.detach()) == pytest.approx(by_slot, rel=1e-5)  # decay: the weighted sum of the slots' losses
+    opt = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(20):
+        out = block_loss(head, feats.aux, feats.logits, x, mask, 8, 0.8, loss="argmax", slot_weights="acceptance")
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+        losses.append(sum(float(v) for v in out.losses))
+    assert losses[-1] < 0.5 * losses[0], losses
 
 
 def test_the_mask_token_is_one_the_target_does_not_answer_with(tiny):

@@ -4,8 +4,12 @@ A sequence x_0..x_{T-1} with the target's aux states at every position. An ancho
 whose newest verified token is x_a: its block [x_a, mask x (B-1)] sits at positions a..a+B-1, sees the context
 rows 0..a-1 (their target states are known, x_a's is not) and its own block (non-causal), and slot j predicts
 x_{a+j}, scored against the target's distribution at position a+j-1 with weight decay**(j-1) (the DFlash paper's
-exponential decay: an early slot's miss loses the rest of the block). All anchors of a batch run in one forward:
-queries [B, A·B'] over keys [context T | blocks A·B'], masked per anchor.
+exponential decay: an early slot's miss loses the rest of the block), or (`head.slot_weights=acceptance`) with
+slot j's share of the block's expected accepted length: d E[accepted] / d log q_j = sum over m >= j of
+prod_{i <= m} q_i, q_i the draft's probability of the target's token at slot i, each smoothed to
+(1 - floor)·q_i + floor and not differentiated. Each anchor then teaches slot j in proportion to how often the slots
+before it draft right there, the rounds where slot j's draft is verified at all. All anchors of a batch run in one
+forward: queries [B, A·B'] over keys [context T | blocks A·B'], masked per anchor.
 
 Anchors are supervised positions whose next token is supervised, drawn without replacement per sequence
 (`head.anchors` of them, all when fewer) by a generator seeded from the sequence's own loss mask: the loop counts
@@ -81,6 +85,8 @@ def block_loss(
     denoms: torch.Tensor | None = None,
     loss: str = "kl",
     topk: int = 8,
+    slot_weights: str = "decay",
+    floor: float = 0.5,
 ) -> TTTOutput:
     """The DFlash loss of one micro-batch (module docstring). Shapes as `ttt_unroll`'s: aux [B, T, n·Ht],
     target_logits [B, T, V] or [B, T, Vd] (the draft vocab's rows), input_ids / loss_mask [B, T]; target_top [B, T]
@@ -99,23 +105,28 @@ def block_loss(
     sup = slot_supervision(loss_mask, anchors, k)  # [B, A, k]
     d2t_ids = head.draft_to_target
     restricted = target_logits.shape[-1] == d2t_ids.numel() and target_logits.shape[-1] != head.config.vocab_size
-    losses, accs, counts, hits = [], [], [], []
-    total = aux.new_zeros((), dtype=torch.float32)
+    targets, scores, tops = [], [], []
     for j in range(1, size):
         m = sup[..., j - 1]  # [B, A]
         rows = (a + j - 1)[m]  # the position whose target distribution slot j learns (it predicts x_{a+j})
         bidx = torch.arange(B, device=dev)[:, None].expand(B, A)[m]
         sub = target_logits[bidx, rows]
         sub = sub if restricted else sub[..., d2t_ids]  # [n, Vd]
-        p = target_distribution(sub.float(), loss, topk)
-        logits = head.logits(hidden[:, :, j][m]).float()  # [n, Vd]
+        targets.append(target_distribution(sub.float(), loss, topk))
+        scores.append(F.log_softmax(head.logits(hidden[:, :, j][m]).float(), dim=-1))  # [n, Vd]
+        tops.append(target_top[bidx, rows] if target_top is not None else d2t_ids[sub.argmax(-1)])
+    weights = slot_loss_weights(sup, scores, targets, slot_weights, decay, floor)  # [B, A, k]
+    losses, accs, counts, hits = [], [], [], []
+    total = aux.new_zeros((), dtype=torch.float32)
+    for j in range(1, size):
+        m = sup[..., j - 1]
         n = m.sum()
         d = n.clamp(min=1) if denoms is None else denoms[j - 1].clamp(min=1)
-        loss_j = -(p * F.log_softmax(logits, dim=-1)).sum() / d
-        total = total + decay ** (j - 1) * loss_j
-        top = target_top[bidx, rows] if target_top is not None else d2t_ids[sub.argmax(-1)]
+        per_row = -(targets[j - 1] * scores[j - 1]).sum(-1)  # [n]
+        loss_j = per_row.sum() / d
+        total = total + (weights[..., j - 1][m] * per_row).sum() / d
         hit = torch.zeros(B, A, device=dev)
-        hit[m] = (d2t_ids[logits.argmax(-1)] == top).float()
+        hit[m] = (d2t_ids[scores[j - 1].argmax(-1)] == tops[j - 1]).float()
         losses.append(loss_j.detach())
         accs.append((hit.sum() / d).detach())
         counts.append(n.detach())
@@ -125,13 +136,35 @@ def block_loss(
     return TTTOutput(total, losses, accs, counts, (run * first).sum(), first.sum())
 
 
+def slot_loss_weights(sup, scores, targets, how: str, decay: float, floor: float) -> torch.Tensor:
+    """[B, A, k] each anchor's weight per slot (module docstring): decay**(j-1), or (how="acceptance") slot j's share
+    of the expected accepted length, sum_{m >= j} prod_{i <= m} s_i with s_i = (1 - floor)·q_i + floor, q_i the
+    draft's probability of the target's likeliest draft-vocab token at slot i (scores: the supervised rows' log
+    probabilities per slot, targets: the target's distributions there); an unsupervised slot neither scales the
+    ones after it nor counts."""
+    B, A, k = sup.shape
+    if how == "decay":
+        return (decay ** torch.arange(k, device=sup.device, dtype=torch.float32)).expand(B, A, k)
+    if how != "acceptance":
+        raise ValueError(f"slot_weights={how!r}: expected decay or acceptance")
+    s = torch.ones(B, A, k, device=sup.device)
+    with torch.no_grad():
+        for j in range(k):
+            q = scores[j].gather(-1, targets[j].argmax(-1, keepdim=True))[:, 0].exp()
+            s[..., j][sup[..., j]] = (1 - floor) * q + floor
+        prefix = torch.cumprod(s, dim=-1) * sup
+        return prefix.flip(-1).cumsum(-1).flip(-1) * sup
+
+
 class Blocks(torch.nn.Module):
     """The head and its block loss as one forward call (one pass for DDP/FSDP)."""
 
-    def __init__(self, head, anchors: int, decay: float, loss: str = "kl", topk: int = 8):
+    def __init__(self, head, anchors: int, decay: float, loss: str = "kl", topk: int = 8, slot_weights: str = "decay",
+                 floor: float = 0.5):  # fmt: skip
         super().__init__()
         self.head, self.anchors, self.decay, self.loss, self.topk = head, anchors, decay, loss, topk
+        self.slot_weights, self.floor = slot_weights, floor
 
     def forward(self, aux, target_logits, input_ids, loss_mask, target_top=None, denoms=None) -> TTTOutput:
         return block_loss(self.head, aux, target_logits, input_ids, loss_mask, self.anchors, self.decay, target_top,
-                          denoms, self.loss, self.topk)  # fmt: skip
+                          denoms, self.loss, self.topk, self.slot_weights, self.floor)  # fmt: skip

@@ -67,6 +67,12 @@ class HeadConfig:
     # embedding; ttt_decay is slot j's loss weight decay**(j-1)
     block_size: int = 4
     anchors: int = 64
+    # how a block's slots are weighted: decay = ttt_decay**(j-1); acceptance = slot j's share of the expected
+    # accepted length (sum over m >= j of the product over i <= m of (1 - floor)·q_i + floor, q_i the draft's
+    # probability of the target's token at slot i, not differentiated): a slot learns most where the slots before
+    # it already draft right (train/block_loss.py)
+    slot_weights: str = "decay"
+    slot_weight_floor: float = 0.5
     # MLP speculator (family mlp_speculator): n_predict stages of width inner_dim (0 = the target's hidden size)
     n_predict: int = 3
     inner_dim: int = 0
@@ -318,6 +324,8 @@ def config_problems(cfg) -> list[str]:
         "loss": (lambda v: v in ("kl", "argmax", "topk"), "expected one of kl | argmax | topk"),
         "loss_topk": (lambda v: v >= 1, "the target's top tokens the loss keeps, >= 1"),
         "fc_outlier_ratio": (lambda v: v == 0 or v > 1, "0 (off) or a ratio to the median channel RMS above 1"),
+        "slot_weights": (lambda v: v in ("decay", "acceptance"), "expected one of decay | acceptance"),
+        "slot_weight_floor": (lambda v: 0 <= v <= 1, "the weights' floor per slot, in [0, 1]"),
     }
     family = families.FAMILIES.get(get("head.family"))  # an unknown one is named by the CHOICES check above
     if family is not None:

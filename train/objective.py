@@ -128,11 +128,12 @@ class DFlashObjective(EagleObjective):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.family, self.size, self.anchors = "dflash", cfg.block_size, cfg.anchors
+        self.slot_weights, self.floor = cfg.slot_weights, cfg.slot_weight_floor
 
     def wrap(self, head) -> nn.Module:
         from draftsmith.train.block_loss import Blocks
 
-        return Blocks(head, self.anchors, self.decay, self.loss, self.topk)
+        return Blocks(head, self.anchors, self.decay, self.loss, self.topk, self.slot_weights, self.floor)
 
     def supervised_counts(self, loss_mask: torch.Tensor) -> torch.Tensor:
         from draftsmith.train.block_loss import block_counts

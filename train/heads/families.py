@@ -200,6 +200,8 @@ DFLASH = Family(
         "block_size",
         "anchors",
         "ttt_decay",
+        "slot_weights",
+        "slot_weight_floor",
         "intermediate_size",
         "num_layers",
         "loss",

@@ -78,6 +78,17 @@ def test_every_bad_value_is_named_with_its_key(override, key):
         validate_config(compose(override))
 
 
+@pytest.mark.parametrize(
+    "override, key",
+    [("head.slot_weights=chain", "head.slot_weights=chain"), ("head.slot_weight_floor=2", "head.slot_weight_floor=2")],
+)
+def test_dflash_slot_weights_are_checked(override, key):
+    from draftsmith.train.config import config_problems
+
+    problems = config_problems(compose("conf=dflash_smollm2", override))
+    assert len(problems) == 1 and problems[0].startswith(key), problems
+
+
 def test_the_presets_themselves_are_valid():
     from draftsmith.train.config import config_problems
 

@@ -1,43 +1,75 @@
 #!/bin/bash
 # A training lever against a quickstart's own head at the quickstart's own minutes: the quickstart's training run
 # again on its cached features with one arm's overrides, then both heads served beside none, ngram and suffix in one
-# vLLM run per workload (64 held-out chat prompts, MT-Bench's first 40: bench/quickstart_reserve.sh's counts).
+# vLLM run per workload.
 #
-#   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM]      (ARM: b1024, the default)
+#   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM]      (ARM: b1024, the default, or acceptance)
 #
-# Run it as the quickstart ran (DRAFTSMITH_CACHE, bench/slow_machine.sh's cap), so the arm trains at its speed. Each
-# run is `train/run.py conf=eagle3_smollm2` with these overrides, and only these:
-#   data.num_conversations=N data.heldout=64 data.also=[]   the quickstart's data (N and the minutes from its
-#   data.features_backend=vllm                              plan.json; without one, the 2026-12-01 slow record's
-#   optim.max_minutes=MINUTES                               778 turns and 16.2 minutes); features from the cache
-#   plus the arm: b1024: data.max_tokens_per_batch=1024 optim.lr=3e-3 (twice the optimizer steps in a clock that
-#   allows ~230 at the preset's 2,048; 3e-3 was the best of the 1,024-token lr sweep, docs/recipe.md)
-# Served: greedy, k=3, 128 tokens, batch 8, the quickstart's head as `eagle3` and the arm's under its name.
+# Run it as the quickstart ran (DRAFTSMITH_CACHE, bench/slow_machine.sh's cap), so the arm trains at its speed. The
+# arm's run is the quickstart's own training command, rebuilt from its plan.json (draftsmith.quickstart.plan's
+# Plan.overrides: `train/run.py conf=PRESET` of its --family with these overrides, and only these):
+#   data.num_conversations=N data.heldout=H     the quickstart's turns and held-out set
+#   data.also=[...]                             its code share (the first C stdlib code answers), or [] without one
+#   data.features_backend=vllm                  features from the cache the quickstart filled
+#   optim.max_minutes=MINUTES                   its re-planned training minutes
+#   and the quickstart's own extra overrides (none for a bare `draftsmith quickstart`), then the arm's:
+#     b1024: data.max_tokens_per_batch=1024 optim.lr=3e-3 (twice the optimizer steps in the same clock)
+#     acceptance: head.slot_weights=acceptance (a DFlash head's slots weighted by their share of the expected accepted
+#       length, train/block_loss.py)
+# Without a plan.json: the 2026-12-01 slow record's plan (778 turns, 64 held out, no code, 16.2 minutes, EAGLE-3).
+# Served: greedy, k=3, 128 tokens, batch 8, the quickstart's head under its family's name and the arm's under its
+# own, on CHAT (default 64) held-out chat prompts, MT (40) MT-Bench and CODE (0) HumanEval prompts (a count of 0
+# leaves a workload out), beside METHODS (default none,ngram,suffix).
 # DRY=1 prints the commands ("+ ...") and runs none (tests/test_bench_scripts.py checks them).
 set -euo pipefail
 QS=${1:?usage: bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM]}
 OUT=${2:?usage: bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM]}
 ARM=${3:-b1024}
+CHAT=${CHAT:-64}
+MT=${MT:-40}
+CODE=${CODE:-0}
+METHODS=${METHODS:-none,ngram,suffix}
 . "$(dirname "$0")/mlp_arms.sh"  # run, arm (DRY=1 prints the commands)
-declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3")
+declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3" [acceptance]="head.slot_weights=acceptance")
 [ -n "${ARMS[$ARM]+x}" ] || { echo "quickstart_lever.sh: unknown arm $ARM (known: ${!ARMS[*]})" >&2; exit 2; }
-read -r turns minutes < <(python -c "import json, sys
-try:
-    p = json.load(open(sys.argv[1]))['plan']
-    print(p['conversations'], (p.get('replanned') or {}).get('train_minutes', p['train_minutes']))
-except FileNotFoundError:
-    print(778, 16.2)" "$QS/plan.json")
-COMMON=(conf=eagle3_smollm2 "data.num_conversations=$turns" data.heldout=64 "data.also=[]" data.features_backend=vllm
-  "optim.max_minutes=$minutes")
-[ "$DRY" = 1 ] || mkdir -p "$OUT"
 # shellcheck disable=SC2086 # the arm's overrides are words
-arm "$ARM" ${ARMS[$ARM]}
-mt=$(python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())")
-for w in chat mtbench; do
-  prompts=$QS/heldout_prompts.jsonl n=64
-  [ "$w" = mtbench ] && prompts=$mt n=40
+mapfile -t LINES < <(python - "$QS/plan.json" "$OUT/$ARM" ${ARMS[$ARM]} <<'EOF'
+import json, sys
+from pathlib import Path
+from draftsmith.quickstart.plan import PRESETS, Plan
+path, out, arm = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+if path.is_file():
+    saved = json.loads(path.read_text())
+    key, plan = saved["key"], Plan(**saved["plan"])
+else:
+    key, plan = {}, Plan(None, 778, False, 16.2, 16, ["chat", "mtbench"], heldout=64)
+family = key.get("family", "eagle3")
+print(family)
+print(*[o for o in plan.overrides(Path(out), [*key.get("overrides", []), *arm], PRESETS[family])
+        if not o.startswith(("output_dir=", "resume="))], sep="\n")
+EOF
+)
+[ "${#LINES[@]}" -ge 2 ] || { echo "quickstart_lever.sh: could not read $QS/plan.json (above)" >&2; exit 1; }
+FAMILY=${LINES[0]}
+COMMON=("${LINES[@]:1}")
+[ "$DRY" = 1 ] || mkdir -p "$OUT"
+arm "$ARM"
+prompts() {
+  case $1 in
+    chat) echo "$QS/heldout_prompts.jsonl" ;;
+    mtbench) python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())" ;;
+    code) python -c "import sys; from draftsmith.eval.prompts import write_humaneval_prompts
+write_humaneval_prompts(sys.argv[1])" "$OUT/humaneval_prompts.jsonl"
+      echo "$OUT/humaneval_prompts.jsonl" ;;
+  esac
+}
+for w in chat mtbench code; do
+  n=$CHAT
+  [ "$w" = mtbench ] && n=$MT
+  [ "$w" = code ] && n=$CODE
+  [ "$n" = 0 ] && continue
   [ -f "$OUT/served_$w/acceptance.json" ] && continue
-  run draftsmith eval acceptance --target smollm2 --head "eagle3=$QS/exported" "${HEADS[@]}" \
-    --methods none,ngram,suffix --prompts "$prompts" --num-prompts "$n" --k 3 --max-tokens 128 --batch-size 8 \
+  run draftsmith eval acceptance --target smollm2 --head "$FAMILY=$QS/exported" "${HEADS[@]}" \
+    --methods "$METHODS" --prompts "$(prompts "$w")" --num-prompts "$n" --k 3 --max-tokens 128 --batch-size 8 \
     --out "$OUT/served_$w"
 done

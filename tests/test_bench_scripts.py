@@ -89,6 +89,34 @@ def test_its_draftsmith_commands_parse(script, tmp_path, parse_only):  # noqa: F
             main(argv[1:])
 
 
+def test_a_lever_arm_is_the_quickstarts_own_training_run_plus_the_arm(tmp_path, parse_only):  # noqa: F811
+    """quickstart_lever.sh rebuilds the quickstart's training command from its plan.json (its family's preset, turns,
+    code share, re-planned minutes, its own extra overrides) and adds the arm's overrides, nothing else."""
+    from draftsmith.quickstart.plan import Plan, save_plan
+
+    qs = tmp_path / "QS_OUT"
+    plan = Plan(45.0, 2558, False, 16.6, 16, ["chat", "mtbench", "code"], heldout=64, code_prompts=1059,
+                replanned={"train_minutes": 19.5, "serve": 100.0, "serve_tok_s": 90.0})  # fmt: skip
+    save_plan(qs, {"family": "dflash", "overrides": ["head.anchors=32"]}, plan)
+    commands = dry_run("quickstart_lever.sh", tmp_path, CODE="8", METHODS="none")
+    [train] = [a[2:] for a in commands if a[:2] == ["python", "train/run.py"]]
+    arm = ["head.anchors=32", "data.max_tokens_per_batch=1024", "optim.lr=3e-3"]
+    expected = plan.overrides(tmp_path / "b1024", arm, "dflash_smollm2")
+    assert sorted(train) == sorted(shlex.split(x)[0] for x in expected)  # (the printed line, split as bash would)
+    assert compose_config(expected).optim.max_minutes == 19.5
+    p = subprocess.run(["bash", "bench/quickstart_lever.sh", str(qs), str(tmp_path), "acceptance"], capture_output=True,
+                       text=True, cwd=ROOT, env={**os.environ, "DRY": "1"}, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "head.slot_weights=acceptance" in p.stdout and "conf=dflash_smollm2" in p.stdout
+    served = [a for a in commands if a[:3] == ["draftsmith", "eval", "acceptance"]]
+    assert [Path(a[a.index("--out") + 1]).name for a in served] == ["served_chat", "served_mtbench", "served_code"]
+    for argv in served:
+        assert argv[argv.index("--methods") + 1] == "none" and f"dflash={qs}/exported" in argv
+    bad = subprocess.run(["bash", "bench/quickstart_lever.sh", str(qs), str(tmp_path), "nope"], capture_output=True,
+                         text=True, cwd=ROOT, env={**os.environ, "DRY": "1"}, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and "unknown arm nope" in bad.stderr
+
+
 def test_reserve_serves_code_and_each_spec_bench_category_on_request(tmp_path, parse_only):  # noqa: F811
     """quickstart_reserve.sh: CODE=N adds HumanEval, SPEC_BENCH=N one run per Spec-Bench task category (N of each,
     `--category`), a count of 0 leaves a workload out; every command parses."""

@@ -197,6 +197,7 @@ def humaneval_prompts(limit: int | None = None) -> list[dict]:
 def write_humaneval_prompts(path: str | Path) -> Path:
     """HumanEval's problems (`humaneval_prompts`) as a prompt JSONL at `path`, for the commands that take a file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in humaneval_prompts()), encoding="utf-8")
     return path
 

@@ -37,7 +37,7 @@ PRESET_OF = {
     "dflash_equal_minutes.sh": ("dflash_smollm2", "eagle3_smollm2", "peagle_smollm2"),  # one run of each
 }
 # harnesses that train nothing (they serve what a run made), with the arguments after OUT
-SERVE_ONLY = {"quickstart_reserve.sh": ["QS_OUT"]}
+SERVE_ONLY = {"quickstart_reserve.sh": ["QS_OUT"], "dflash_per_second.sh": ["QS_OUT"]}
 ARGS_BEFORE_OUT = {**SERVE_ONLY, "quickstart_lever.sh": ["QS_OUT"], "convert_finetune.sh": ["RUN"]}
 NOT_OVERRIDES = {"conf", "output_dir", "resume"}  # which preset, where, and resume=auto: no setting of the run
 
@@ -115,6 +115,28 @@ def test_a_lever_arm_is_the_quickstarts_own_training_run_plus_the_arm(tmp_path, 
     bad = subprocess.run(["bash", "bench/quickstart_lever.sh", str(qs), str(tmp_path), "nope"], capture_output=True,
                          text=True, cwd=ROOT, env={**os.environ, "DRY": "1"}, timeout=300)  # fmt: skip
     assert bad.returncode == 2 and "unknown arm nope" in bad.stderr
+
+
+def test_dflash_per_second_sweeps_each_k_against_none_in_the_same_run(tmp_path):
+    """dflash_per_second.sh: the run exported at each k, every (k, workload) served with none at the batch sizes asked,
+    ngram and suffix (and an EAGLE-3 head) at the first k only; the schedule and the breakdown read every run."""
+    commands = dry_run("dflash_per_second.sh", tmp_path, K="3 5 7", SIZES="1,4", EAGLE3="/x/e3")
+    exports = [a for a in commands if a[1] == "export"]
+    assert [a[a.index("--k") + 1] for a in exports] == ["3", "5", "7"]
+    served = [a for a in commands if a[1:3] == ["eval", "acceptance"]]
+    names = [Path(a[a.index("--out") + 1]).name for a in served]
+    assert names == ["chat_k3", "code_k3", "chat_k5", "code_k5", "chat_k7", "code_k7"]
+    for argv, name in zip(served, names):
+        k = name.split("_k")[1]
+        assert argv[argv.index("--k") + 1] == k and argv[argv.index("--batch-sizes") + 1] == "1,4"
+        assert f"dflash={tmp_path}/dflash_k{k}" in argv
+        first = k == "3"
+        assert argv[argv.index("--methods") + 1] == ("none,ngram,suffix" if first else "none")
+        assert ("eagle3=/x/e3" in argv) == first
+    [schedule] = [a for a in commands if a[1:3] == ["eval", "schedule"]]
+    assert [Path(x).name for x in schedule[schedule.index("dflash") + 1 : schedule.index("--out")]] == names
+    [breakdown] = [a for a in commands if a[:2] == ["python", "bench/step_breakdown.py"]]
+    assert [Path(breakdown[i + 1]).name for i, x in enumerate(breakdown) if x == "--eval"] == names
 
 
 def test_reserve_serves_code_and_each_spec_bench_category_on_request(tmp_path, parse_only):  # noqa: F811

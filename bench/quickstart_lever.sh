@@ -3,7 +3,9 @@
 # again on its cached features with one arm's overrides, then both heads served beside none, ngram and suffix in one
 # vLLM run per workload.
 #
-#   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM]      (ARM: b1024, the default, or acceptance)
+#   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM...]   (ARM: b1024, the default, acceptance, output or
+#                                                                 lr8e-3; several arms train one after another and
+#                                                                 are served together)
 #
 # Run it as the quickstart ran (DRAFTSMITH_CACHE, bench/slow_machine.sh's cap), so the arm trains at its speed. The
 # arm's run is the quickstart's own training command, rebuilt from its plan.json (draftsmith.quickstart.plan's
@@ -16,24 +18,32 @@
 #     b1024: data.max_tokens_per_batch=1024 optim.lr=3e-3 (twice the optimizer steps in the same clock)
 #     acceptance: head.slot_weights=acceptance (a DFlash head's slots weighted by their share of the expected accepted
 #       length, train/block_loss.py)
+#     output: head.init=output (the target's final norm and lm_head rows of the draft vocab)
+#     lr8e-3: optim.lr=8e-3
 # Without a plan.json: the 2026-12-01 slow record's plan (778 turns, 64 held out, no code, 16.2 minutes, EAGLE-3).
 # Served: greedy, k=3, 128 tokens, batch 8, the quickstart's head under its family's name and the arm's under its
 # own, on CHAT (default 64) held-out chat prompts, MT (40) MT-Bench and CODE (0) HumanEval prompts (a count of 0
 # leaves a workload out), beside METHODS (default none,ngram,suffix).
 # DRY=1 prints the commands ("+ ...") and runs none (tests/test_bench_scripts.py checks them).
 set -euo pipefail
-QS=${1:?usage: bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM]}
-OUT=${2:?usage: bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM]}
-ARM=${3:-b1024}
+QS=${1:?usage: bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM...]}
+OUT=${2:?usage: bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM...]}
+shift 2
+ARMS_ASKED=("${@:-b1024}")
 CHAT=${CHAT:-64}
 MT=${MT:-40}
 CODE=${CODE:-0}
 METHODS=${METHODS:-none,ngram,suffix}
 . "$(dirname "$0")/mlp_arms.sh"  # run, arm (DRY=1 prints the commands)
-declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3" [acceptance]="head.slot_weights=acceptance")
-[ -n "${ARMS[$ARM]+x}" ] || { echo "quickstart_lever.sh: unknown arm $ARM (known: ${!ARMS[*]})" >&2; exit 2; }
-# shellcheck disable=SC2086 # the arm's overrides are words
-mapfile -t LINES < <(python - "$QS/plan.json" "$OUT/$ARM" ${ARMS[$ARM]} <<'EOF'
+declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3" [acceptance]="head.slot_weights=acceptance"
+  [output]="head.init=output" [lr8e-3]="optim.lr=8e-3")
+for ARM in "${ARMS_ASKED[@]}"; do
+  [ -n "${ARMS[$ARM]+x}" ] || { echo "quickstart_lever.sh: unknown arm $ARM (known: ${!ARMS[*]})" >&2; exit 2; }
+done
+[ "$DRY" = 1 ] || mkdir -p "$OUT"
+for ARM in "${ARMS_ASKED[@]}"; do
+  # shellcheck disable=SC2086 # the arm's overrides are words
+  mapfile -t LINES < <(python - "$QS/plan.json" "$OUT/$ARM" ${ARMS[$ARM]} <<'EOF'
 import json, sys
 from pathlib import Path
 from draftsmith.quickstart.plan import PRESETS, Plan
@@ -48,12 +58,12 @@ print(family)
 print(*[o for o in plan.overrides(Path(out), [*key.get("overrides", []), *arm], PRESETS[family])
         if not o.startswith(("output_dir=", "resume="))], sep="\n")
 EOF
-)
-[ "${#LINES[@]}" -ge 2 ] || { echo "quickstart_lever.sh: could not read $QS/plan.json (above)" >&2; exit 1; }
-FAMILY=${LINES[0]}
-COMMON=("${LINES[@]:1}")
-[ "$DRY" = 1 ] || mkdir -p "$OUT"
-arm "$ARM"
+  )
+  [ "${#LINES[@]}" -ge 2 ] || { echo "quickstart_lever.sh: could not read $QS/plan.json (above)" >&2; exit 1; }
+  FAMILY=${LINES[0]}
+  COMMON=("${LINES[@]:1}")
+  arm "$ARM"
+done
 prompts() {
   case $1 in
     chat) echo "$QS/heldout_prompts.jsonl" ;;

@@ -104,10 +104,17 @@ def test_a_lever_arm_is_the_quickstarts_own_training_run_plus_the_arm(tmp_path, 
     expected = plan.overrides(tmp_path / "b1024", arm, "dflash_smollm2")
     assert sorted(train) == sorted(shlex.split(x)[0] for x in expected)  # (the printed line, split as bash would)
     assert compose_config(expected).optim.max_minutes == 19.5
-    p = subprocess.run(["bash", "bench/quickstart_lever.sh", str(qs), str(tmp_path), "acceptance"], capture_output=True,
-                       text=True, cwd=ROOT, env={**os.environ, "DRY": "1"}, timeout=300)  # fmt: skip
+    argv = ["bash", "bench/quickstart_lever.sh", str(qs), str(tmp_path), "acceptance", "output"]
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "DRY": "1"}, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert "head.slot_weights=acceptance" in p.stdout and "conf=dflash_smollm2" in p.stdout
+    lines = p.stdout.splitlines()
+    trains = [shlex.split(x[2:])[2:] for x in lines if x.startswith("+ python train/run.py")]
+    assert [set(a) - set(train) for a in trains] == [
+        {"head.slot_weights=acceptance", f"output_dir={tmp_path}/acceptance"},
+        {"head.init=output", f"output_dir={tmp_path}/output"},
+    ]
+    [chat] = [shlex.split(x[2:]) for x in lines if x.startswith("+ draftsmith eval acceptance")][:1]
+    assert f"acceptance={tmp_path}/acceptance/exported" in chat and f"output={tmp_path}/output/exported" in chat
     served = [a for a in commands if a[:3] == ["draftsmith", "eval", "acceptance"]]
     assert [Path(a[a.index("--out") + 1]).name for a in served] == ["served_chat", "served_mtbench", "served_code"]
     for argv in served:

@@ -3,9 +3,10 @@
 # again on its cached features with one arm's overrides, then both heads served beside none, ngram and suffix in one
 # vLLM run per workload.
 #
-#   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM...]   (ARM: b1024, the default, acceptance, output or
-#                                                                 lr8e-3; several arms train one after another and
-#                                                                 are served together)
+#   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM...]
+#
+# ARM: b1024 (the default), acceptance, output, lr8e-3 or layers2; several arms train one after another and are
+# served together.
 #
 # Run it as the quickstart ran (DRAFTSMITH_CACHE, bench/slow_machine.sh's cap), so the arm trains at its speed. The
 # arm's run is the quickstart's own training command, rebuilt from its plan.json (draftsmith.quickstart.plan's
@@ -20,6 +21,7 @@
 #       length, train/block_loss.py)
 #     output: head.init=output (the target's final norm and lm_head rows of the draft vocab)
 #     lr8e-3: optim.lr=8e-3
+#     layers2: head.num_layers=2
 # Without a plan.json: the 2026-12-01 slow record's plan (778 turns, 64 held out, no code, 16.2 minutes, EAGLE-3).
 # Served: greedy, k=3, 128 tokens, batch 8, the quickstart's head under its family's name and the arm's under its
 # own, on CHAT (default 64) held-out chat prompts, MT (40) MT-Bench and CODE (0) HumanEval prompts (a count of 0
@@ -36,7 +38,7 @@ CODE=${CODE:-0}
 METHODS=${METHODS:-none,ngram,suffix}
 . "$(dirname "$0")/mlp_arms.sh"  # run, arm (DRY=1 prints the commands)
 declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3" [acceptance]="head.slot_weights=acceptance"
-  [output]="head.init=output" [lr8e-3]="optim.lr=8e-3")
+  [output]="head.init=output" [lr8e-3]="optim.lr=8e-3" [layers2]="head.num_layers=2")
 for ARM in "${ARMS_ASKED[@]}"; do
   [ -n "${ARMS[$ARM]+x}" ] || { echo "quickstart_lever.sh: unknown arm $ARM (known: ${!ARMS[*]})" >&2; exit 2; }
 done

@@ -5,7 +5,7 @@
 #
 #   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM...]
 #
-# ARM: b1024 (the default), acceptance, output, lr8e-3 or layers2; several arms train one after another and are
+# ARM: b1024 (the default), acceptance, output, lr8e-3, layers2 or b4l2acc; several arms train one after another and are
 # served together.
 #
 # Run it as the quickstart ran (DRAFTSMITH_CACHE, bench/slow_machine.sh's cap), so the arm trains at its speed. The
@@ -22,6 +22,8 @@
 #     output: head.init=output (the target's final norm and lm_head rows of the draft vocab)
 #     lr8e-3: optim.lr=8e-3
 #     layers2: head.num_layers=2
+#     b4l2acc: head.block_size=4 head.num_layers=2 head.slot_weights=acceptance (a DFlash block the size k=3 serves,
+#       its rows' saving spent on a second layer)
 # Without a plan.json: the 2026-12-01 slow record's plan (778 turns, 64 held out, no code, 16.2 minutes, EAGLE-3).
 # Served: greedy, k=3, 128 tokens, batch 8, the quickstart's head under its family's name and the arm's under its
 # own, on CHAT (default 64) held-out chat prompts, MT (40) MT-Bench and CODE (0) HumanEval prompts (a count of 0
@@ -38,7 +40,8 @@ CODE=${CODE:-0}
 METHODS=${METHODS:-none,ngram,suffix}
 . "$(dirname "$0")/mlp_arms.sh"  # run, arm (DRY=1 prints the commands)
 declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3" [acceptance]="head.slot_weights=acceptance"
-  [output]="head.init=output" [lr8e-3]="optim.lr=8e-3" [layers2]="head.num_layers=2")
+  [output]="head.init=output" [lr8e-3]="optim.lr=8e-3" [layers2]="head.num_layers=2"
+  [b4l2acc]="head.block_size=4 head.num_layers=2 head.slot_weights=acceptance")
 for ARM in "${ARMS_ASKED[@]}"; do
   [ -n "${ARMS[$ARM]+x}" ] || { echo "quickstart_lever.sh: unknown arm $ARM (known: ${!ARMS[*]})" >&2; exit 2; }
 done

@@ -9,9 +9,9 @@
 #    data.features_backend=vllm (one extraction, cached, read by all three: they share EAGLE-3's features), plus
 #    wandb.mode=disabled; one run at a time, nothing else on the cores (a run dir with checkpoints is kept, so the
 #    harness picks up where an earlier call stopped).
-# 2. exported at k=3 (DFlash also at k=7, its whole block of 8).
+# 2. exported at k=3 (DFlash also at its whole block, block_size - 1, where the preset's block is larger than 4).
 # 3. `draftsmith eval acceptance` on 24 of the runs' held-out chat prompts (greedy, 128 tokens), every output compared
-#    with no speculation's: at batch 1 and k=3 none, ngram, suffix and the three heads; at batch 1 and k=7 none and
+#    with no speculation's: at batch 1 and k=3 none, ngram, suffix and the three heads; at batch 1 and that k none and
 #    the DFlash head; at batch 8 and k=3 the six again. bench/step_breakdown.py then tabulates where each engine step's
 #    time went (timed inside every engine those runs started).
 # DRY=1 prints the commands ("+ ...") and runs none (tests/test_bench_scripts.py checks them).
@@ -26,8 +26,10 @@ for FAMILY in dflash eagle3 peagle; do
   run python train/run.py "conf=${FAMILY}_smollm2" "output_dir=$OUT/$FAMILY" "optim.max_minutes=$MINUTES" \
     "${DATA[@]}" wandb.mode=disabled
 done
+WHOLE=$(python -c "from draftsmith.train.config import compose_config
+print(compose_config(['conf=dflash_smollm2']).head.block_size - 1)")  # the preset's whole block
 run draftsmith export --format vllm "$OUT/dflash" "$OUT/dflash_k3" --k 3 --force
-run draftsmith export --format vllm "$OUT/dflash" "$OUT/dflash_k7" --k 7 --force
+[ "$WHOLE" -gt 3 ] && run draftsmith export --format vllm "$OUT/dflash" "$OUT/dflash_k$WHOLE" --k "$WHOLE" --force
 run draftsmith export --format vllm "$OUT/eagle3" "$OUT/eagle3_k3" --k 3 --force
 run draftsmith export --format vllm "$OUT/peagle" "$OUT/peagle_k3" --k 3 --force
 PROMPTS=(--prompts "$OUT/dflash/heldout_prompts.jsonl" --num-prompts 24 --max-tokens 128)
@@ -35,9 +37,12 @@ HEADS=(--head "eagle3=$OUT/eagle3_k3" --head "peagle=$OUT/peagle_k3" --head "dfl
 ran() { [ "$DRY" != 1 ] && [ -f "$1/acceptance.json" ]; }  # a run an earlier call finished: kept
 ran "$OUT/batch1_k3" || run draftsmith eval acceptance --target smollm2 "${HEADS[@]}" --methods none,ngram,suffix \
   "${PROMPTS[@]}" --batch-size 1 --k 3 --out "$OUT/batch1_k3"
-ran "$OUT/batch1_k7" || run draftsmith eval acceptance --target smollm2 --head "dflash_k7=$OUT/dflash_k7" \
-  --methods none "${PROMPTS[@]}" --batch-size 1 --k 7 --out "$OUT/batch1_k7"
+EVALS=(--eval "$OUT/batch1_k3" --eval "$OUT/batch8_k3")
+if [ "$WHOLE" -gt 3 ]; then
+  ran "$OUT/batch1_k$WHOLE" || run draftsmith eval acceptance --target smollm2 --head "dflash_k$WHOLE=$OUT/dflash_k$WHOLE" \
+    --methods none "${PROMPTS[@]}" --batch-size 1 --k "$WHOLE" --out "$OUT/batch1_k$WHOLE"
+  EVALS+=(--eval "$OUT/batch1_k$WHOLE")
+fi
 ran "$OUT/batch8_k3" || run draftsmith eval acceptance --target smollm2 "${HEADS[@]}" --methods none,ngram,suffix \
   "${PROMPTS[@]}" --batch-size 8 --k 3 --out "$OUT/batch8_k3"
-run python bench/step_breakdown.py --eval "$OUT/batch1_k3" --eval "$OUT/batch1_k7" --eval "$OUT/batch8_k3" \
-  --out "$OUT/step_breakdown"
+run python bench/step_breakdown.py "${EVALS[@]}" --out "$OUT/step_breakdown"

@@ -45,7 +45,8 @@ def served(tiny_target_dir, tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
     greedy = generate(str(tiny_target_dir), [PROMPT], max_tokens=16, backend="hf")[0]
     torch.manual_seed(0)
-    cfg = DFlashConfig.from_target(model.config, 2048, AUX, mask_token_id=1, block_size=4)
+    # the preset's shape: two layers (each with its own context keys and values), a block of 4
+    cfg = DFlashConfig.from_target(model.config, 2048, AUX, mask_token_id=1, block_size=4, num_layers=2)
     head = DFlashHead(cfg)
     with torch.no_grad():
         for name, p in head.named_parameters():

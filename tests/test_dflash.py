@@ -92,22 +92,36 @@ def test_anchors_are_supervised_and_the_counts_are_the_losses():
     assert counts.shape == (3,) and counts[0] == 16 and (counts[1:] <= counts[0]).all()
 
 
-def test_the_loss_scores_every_counted_slot_and_learns(tiny):
+def learning_batch(tiny):
+    """A head over the target's whole vocab and a 2 x 32 batch whose first 6 rows are unsupervised."""
     model, target = tiny
     head = make_head(model, Vd=model.config.vocab_size)
     torch.manual_seed(4)
     x = torch.randint(5, 400, (2, 32))
     mask = torch.ones(2, 32)
     mask[:, :6] = 0
-    feats = target.features(x)
+    return head, x, mask, target.features(x)
+
+
+def train_blocks(head, x, mask, feats, steps: int = 20, **kw) -> list:
+    """`steps` Adam steps on the block loss against the target's greedy token (its distribution is near uniform: no
+    floor to see); each step's output."""
     opt = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=1e-2)
-    losses = []
-    for _ in range(20):  # against the target's greedy token (its distribution is near uniform: no floor to see)
-        out = block_loss(head, feats.aux, feats.logits, x, mask, 8, 0.8, loss="argmax")
+    outs = []
+    for _ in range(steps):
+        out = block_loss(head, feats.aux, feats.logits, x, mask, 8, 0.8, loss="argmax", **kw)
         opt.zero_grad()
         out.loss.backward()
         opt.step()
-        losses.append(float(out.loss.detach()))
+        outs.append(out)
+    return outs
+
+
+def test_the_loss_scores_every_counted_slot_and_learns(tiny):
+    head, x, mask, feats = learning_batch(tiny)
+    outs = train_blocks(head, x, mask, feats)
+    losses = [float(o.loss.detach()) for o in outs]
+    out = outs[-1]
     assert [int(c) for c in out.counts] == block_counts(mask, 3, 8).int().tolist()
     assert losses[-1] < 0.5 * losses[0], losses
     assert 0 <= float(out.accept_len) <= 3 * float(out.rows)
@@ -135,24 +149,11 @@ def test_acceptance_weights_are_each_slots_share_of_the_expected_accepted_length
 
 
 def test_acceptance_weighted_blocks_learn_and_decay_is_unchanged(tiny):
-    model, target = tiny
-    head = make_head(model, Vd=model.config.vocab_size)
-    torch.manual_seed(4)
-    x = torch.randint(5, 400, (2, 32))
-    mask = torch.ones(2, 32)
-    mask[:, :6] = 0
-    feats = target.features(x)
+    head, x, mask, feats = learning_batch(tiny)
     out = block_loss(head, feats.aux, feats.logits, x, mask, 8, 0.8, loss="argmax")
     by_slot = sum(0.8**j * float(loss) for j, loss in enumerate(out.losses))
     assert float(out.loss.detach()) == pytest.approx(by_slot, rel=1e-5)  # decay: the weighted sum of the slots' losses
-    opt = torch.optim.Adam([p for p in head.parameters() if p.requires_grad], lr=1e-2)
-    losses = []
-    for _ in range(20):
-        out = block_loss(head, feats.aux, feats.logits, x, mask, 8, 0.8, loss="argmax", slot_weights="acceptance")
-        opt.zero_grad()
-        out.loss.backward()
-        opt.step()
-        losses.append(sum(float(v) for v in out.losses))
+    losses = [sum(float(v) for v in o.losses) for o in train_blocks(head, x, mask, feats, slot_weights="acceptance")]
     assert losses[-1] < 0.5 * losses[0], losses
 
 

@@ -5,8 +5,8 @@
 #
 #   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM...]
 #
-# ARM: b1024 (the default), acceptance, output, lr8e-3, layers2 or b4l2acc; several arms train one after another and are
-# served together.
+# ARM: b1024 (the default), acceptance, output, lr8e-3, layers2, b4l2acc, b4l1acc, b4l2decay, b4l3acc, eagle3 or peagle;
+# several arms train one after another and are served together.
 #
 # Run it as the quickstart ran (DRAFTSMITH_CACHE, bench/slow_machine.sh's cap), so the arm trains at its speed. The
 # arm's run is the quickstart's own training command, rebuilt from its plan.json (draftsmith.quickstart.plan's
@@ -23,7 +23,10 @@
 #     lr8e-3: optim.lr=8e-3
 #     layers2: head.num_layers=2
 #     b4l2acc: head.block_size=4 head.num_layers=2 head.slot_weights=acceptance (a DFlash block the size k=3 serves,
-#       its rows' saving spent on a second layer)
+#       its rows' saving spent on a second layer); b4l1acc, b4l2decay and b4l3acc take it apart (one layer; decay
+#       weights) and further (three layers)
+#     eagle3, peagle: the same plan under another family's preset (conf=eagle3_smollm2 / peagle_smollm2 in place of
+#       the quickstart's): what that family's quickstart would have trained on this data in these minutes
 # Without a plan.json: the 2026-12-01 slow record's plan (778 turns, 64 held out, no code, 16.2 minutes, EAGLE-3).
 # Served: greedy, k=3, 128 tokens, batch 8, the quickstart's head under its family's name and the arm's under its
 # own, on CHAT (default 64) held-out chat prompts, MT (40) MT-Bench and CODE (0) HumanEval prompts (a count of 0
@@ -41,7 +44,11 @@ METHODS=${METHODS:-none,ngram,suffix}
 . "$(dirname "$0")/mlp_arms.sh"  # run, arm, workload_prompts (DRY=1 prints the commands)
 declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3" [acceptance]="head.slot_weights=acceptance"
   [output]="head.init=output" [lr8e-3]="optim.lr=8e-3" [layers2]="head.num_layers=2"
-  [b4l2acc]="head.block_size=4 head.num_layers=2 head.slot_weights=acceptance")
+  [b4l2acc]="head.block_size=4 head.num_layers=2 head.slot_weights=acceptance"
+  [b4l1acc]="head.block_size=4 head.num_layers=1 head.slot_weights=acceptance"
+  [b4l2decay]="head.block_size=4 head.num_layers=2 head.slot_weights=decay"
+  [b4l3acc]="head.block_size=4 head.num_layers=3 head.slot_weights=acceptance"
+  [eagle3]="family=eagle3" [peagle]="family=peagle")
 for ARM in "${ARMS_ASKED[@]}"; do
   [ -n "${ARMS[$ARM]+x}" ] || { echo "quickstart_lever.sh: unknown arm $ARM (known: ${!ARMS[*]})" >&2; exit 2; }
 done
@@ -60,7 +67,10 @@ else:
     key, plan = {}, Plan(None, 778, False, 16.2, 16, ["chat", "mtbench"], heldout=64)
 family = key.get("family", "eagle3")
 print(family)
-print(*[o for o in plan.overrides(Path(out), [*key.get("overrides", []), *arm], PRESETS[family])
+# family=F: the arm trains under F's preset; its other words are overrides
+preset = PRESETS[next((w.split("=", 1)[1] for w in arm if w.startswith("family=")), family)]
+arm = [w for w in arm if not w.startswith("family=")]
+print(*[o for o in plan.overrides(Path(out), [*key.get("overrides", []), *arm], preset)
         if not o.startswith(("output_dir=", "resume="))], sep="\n")
 EOF
   )

@@ -119,6 +119,15 @@ def test_a_lever_arm_is_the_quickstarts_own_training_run_plus_the_arm(tmp_path, 
     assert [Path(a[a.index("--out") + 1]).name for a in served] == ["served_chat", "served_mtbench", "served_code"]
     for argv in served:
         assert argv[argv.index("--methods") + 1] == "none" and f"dflash={qs}/exported" in argv
+    # a family arm: the same plan (turns, code share, minutes, the quickstart's overrides) under that family's preset
+    family_arm = ["bash", "bench/quickstart_lever.sh", str(qs), str(tmp_path), "eagle3"]
+    p = subprocess.run(family_arm, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "DRY": "1"},
+                       timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    [eagle3] = [shlex.split(x[2:])[2:] for x in p.stdout.splitlines() if x.startswith("+ python train/run.py")]
+    expected = plan.overrides(tmp_path / "eagle3", ["head.anchors=32"], "eagle3_smollm2")
+    assert sorted(eagle3) == sorted([*(shlex.split(x)[0] for x in expected if x != "resume=auto"), "resume=auto"])
+    assert "conf=eagle3_smollm2" in eagle3 and not any(w.startswith("family=") for w in eagle3)
     bad = subprocess.run(["bash", "bench/quickstart_lever.sh", str(qs), str(tmp_path), "nope"], capture_output=True,
                          text=True, cwd=ROOT, env={**os.environ, "DRY": "1"}, timeout=300)  # fmt: skip
     assert bad.returncode == 2 and "unknown arm nope" in bad.stderr

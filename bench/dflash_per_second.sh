@@ -9,8 +9,9 @@
 # again at that k (OUT/dflash_kK; the quickstart's own export serves k=3), then per workload in WORKLOADS (default
 # "chat code": the quickstart's held-out chat prompts, HumanEval) one `draftsmith eval acceptance` with
 # --batch-sizes SIZES (default 1,8) --k K --num-prompts NUM_PROMPTS (default 12), the command's defaults otherwise
-# (greedy, 128 tokens, one round); ngram and suffix are served at the first k only (theirs is the same k), none at
-# every k (each speed-up is over no speculation in the same run). EAGLE3=DIR adds an exported EAGLE-3 head at k=3.
+# (greedy, 128 tokens, REPEATS rounds, default 1); ngram and suffix are served at the first k only (theirs is the same
+# k), none at every k (each speed-up is over no speculation in the same run). OTHERS="NAME=DIR ..." adds exported heads
+# of other families (an EAGLE-3, a P-EAGLE head) to the k=3 runs.
 # Then `draftsmith eval schedule --head dflash` over every run (OUT/schedule_dflash.json) and bench/step_breakdown.py
 # over every run (OUT/step_breakdown/).
 # DRY=1 prints the commands ("+ ...") and runs none (tests/test_bench_scripts.py checks them).
@@ -21,7 +22,8 @@ K=${K:-3 7}
 SIZES=${SIZES:-1,8}
 WORKLOADS=${WORKLOADS:-chat code}
 NUM_PROMPTS=${NUM_PROMPTS:-12}
-EAGLE3=${EAGLE3:-}
+OTHERS=${OTHERS:-}
+REPEATS=${REPEATS:-1}
 . "$(dirname "$0")/mlp_arms.sh"  # run, workload_prompts (DRY=1 prints the commands)
 [ "$DRY" = 1 ] || mkdir -p "$OUT"
 runs=()
@@ -32,14 +34,14 @@ for k in $K; do
   methods=none extra=()
   if [ "$first" = 1 ]; then
     methods=none,ngram,suffix
-    [ -n "$EAGLE3" ] && [ "$k" = 3 ] && extra=(--head "eagle3=$EAGLE3")
+    if [ "$k" = 3 ]; then for h in $OTHERS; do extra+=(--head "$h"); done; fi
   fi
   for w in $WORKLOADS; do
     dir=$OUT/${w}_k$k
     runs+=("$dir")
     [ "$DRY" != 1 ] && [ -f "$dir/acceptance.json" ] && continue  # an earlier call's run: kept
     run draftsmith eval acceptance --target smollm2 --head "dflash=$OUT/dflash_k$k" "${extra[@]}" --methods "$methods" \
-      --prompts "$(workload_prompts "$QS" "$w")" --num-prompts "$NUM_PROMPTS" --batch-sizes "$SIZES" --k "$k" --out "$dir"
+      --prompts "$(workload_prompts "$QS" "$w")" --num-prompts "$NUM_PROMPTS" --batch-sizes "$SIZES" --k "$k" --repeats "$REPEATS" --out "$dir"
   done
   first=0
 done

@@ -5,8 +5,8 @@
 #
 #   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM...]
 #
-# ARM: b1024 (the default), acceptance, output, lr8e-3, layers2, b4l2acc, b4l1acc, b4l2decay, b4l3acc, eagle3 or peagle;
-# several arms train one after another and are served together.
+# ARM: b1024 (the default), acceptance, output, lr8e-3, layers2, b4l2acc, b4l1acc, b4l2decay, b4l3acc, anchors128,
+# eagle3 or peagle; several arms train one after another and are served together.
 #
 # Run it as the quickstart ran (DRAFTSMITH_CACHE, bench/slow_machine.sh's cap), so the arm trains at its speed. The
 # arm's run is the quickstart's own training command, rebuilt from its plan.json (draftsmith.quickstart.plan's
@@ -25,6 +25,7 @@
 #     b4l2acc: head.block_size=4 head.num_layers=2 head.slot_weights=acceptance (a DFlash block the size k=3 serves,
 #       its rows' saving spent on a second layer); b4l1acc, b4l2decay and b4l3acc take it apart (one layer; decay
 #       weights) and further (three layers)
+#     anchors128: head.anchors=128 (a DFlash head's blocks per sequence per step, twice the preset's)
 #     eagle3, peagle: the same plan under another family's preset (conf=eagle3_smollm2 / peagle_smollm2 in place of
 #       the quickstart's): what that family's quickstart would have trained on this data in these minutes
 # Without a plan.json: the 2026-12-01 slow record's plan (778 turns, 64 held out, no code, 16.2 minutes, EAGLE-3).
@@ -48,7 +49,7 @@ declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3" [accepta
   [b4l1acc]="head.block_size=4 head.num_layers=1 head.slot_weights=acceptance"
   [b4l2decay]="head.block_size=4 head.num_layers=2 head.slot_weights=decay"
   [b4l3acc]="head.block_size=4 head.num_layers=3 head.slot_weights=acceptance"
-  [eagle3]="family=eagle3" [peagle]="family=peagle")
+  [anchors128]="head.anchors=128" [eagle3]="family=eagle3" [peagle]="family=peagle")
 for ARM in "${ARMS_ASKED[@]}"; do
   [ -n "${ARMS[$ARM]+x}" ] || { echo "quickstart_lever.sh: unknown arm $ARM (known: ${!ARMS[*]})" >&2; exit 2; }
 done

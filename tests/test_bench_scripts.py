@@ -135,8 +135,9 @@ def test_a_lever_arm_is_the_quickstarts_own_training_run_plus_the_arm(tmp_path, 
 
 def test_dflash_per_second_sweeps_each_k_against_none_in_the_same_run(tmp_path):
     """dflash_per_second.sh: the run exported at each k, every (k, workload) served with none at the batch sizes asked,
-    ngram and suffix (and an EAGLE-3 head) at the first k only; the schedule and the breakdown read every run."""
-    commands = dry_run("dflash_per_second.sh", tmp_path, K="3 5 7", SIZES="1,4", EAGLE3="/x/e3")
+    ngram and suffix (and other families' heads) at the first k only; the schedule and the breakdown read every run."""
+    commands = dry_run("dflash_per_second.sh", tmp_path, K="3 5 7", SIZES="1,4", OTHERS="eagle3=/x/e3 peagle=/x/pe",
+                       REPEATS="2")  # fmt: skip
     exports = [a for a in commands if a[1] == "export"]
     assert [a[a.index("--k") + 1] for a in exports] == ["3", "5", "7"]
     served = [a for a in commands if a[1:3] == ["eval", "acceptance"]]
@@ -148,7 +149,8 @@ def test_dflash_per_second_sweeps_each_k_against_none_in_the_same_run(tmp_path):
         assert f"dflash={tmp_path}/dflash_k{k}" in argv
         first = k == "3"
         assert argv[argv.index("--methods") + 1] == ("none,ngram,suffix" if first else "none")
-        assert ("eagle3=/x/e3" in argv) == first
+        assert ("eagle3=/x/e3" in argv) == ("peagle=/x/pe" in argv) == first
+        assert argv[argv.index("--repeats") + 1] == "2"
     [schedule] = [a for a in commands if a[1:3] == ["eval", "schedule"]]
     assert [Path(x).name for x in schedule[schedule.index("dflash") + 1 : schedule.index("--out")]] == names
     [breakdown] = [a for a in commands if a[:2] == ["python", "bench/step_breakdown.py"]]

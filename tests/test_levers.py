@@ -162,7 +162,12 @@ def test_ns_steps_reaches_muon_from_the_config(tiny_model):
     """optim.ns_steps is the Newton-Schulz depth of every Muon step (fewer = cheaper and less orthogonal)."""
     from draftsmith.train.config import compose_config
 
-    g = torch.randn(48, 96)
+    # singular values spread over 1e-3..1 (a random Gaussian matrix's smallest sit near 1 already, and which depth
+    # lands closer there is a coin flip on the draw)
+    gen = torch.Generator().manual_seed(0)
+    u = torch.linalg.qr(torch.randn(48, 48, generator=gen))[0]
+    v = torch.linalg.qr(torch.randn(96, 48, generator=gen))[0]
+    g = u @ torch.diag(torch.logspace(-3, 0, 48)) @ v.T
     sv = {n: torch.linalg.svdvals(orthogonalise(g, n)) for n in (3, 5)}
     assert sv[5].min() > sv[3].min()  # the deeper iteration pushes the small singular values further towards 1
     for n in (3, 5):

@@ -237,8 +237,9 @@ def test_unroll_with_restricted_logits_matches_full(tiny_model):
     assert [x.item() for x in a.accs] == [x.item() for x in b.accs]
 
 
-def dense_unroll_reference(head, aux, target_logits, ids, mask, steps, decay):
-    """The TTT loss written the plain way: every row through the vocab side, then masked means."""
+def dense_unroll_reference(head, aux, target_logits, ids, mask, steps, decay, last=None, feature_loss=0.0):
+    """The TTT loss written the plain way: every row through the vocab side, then masked means (with feature_loss,
+    each step's normed output regressed onto the target's final state at the position it predicts from)."""
     import torch.nn.functional as F
 
     from draftsmith.train.ttt.unroll import shift_left
@@ -256,6 +257,9 @@ def dense_unroll_reference(head, aux, target_logits, ids, mask, steps, decay):
         m = shift_left(mask, 2 + k).float()
         ce = -(shift_left(p_all, 1 + k) * F.log_softmax(logits, -1)).sum(-1)
         total = total + decay**k * (ce * m).sum() / m.sum()
+        if feature_loss:
+            reg = F.smooth_l1_loss(head.norm(hidden), shift_left(last, 1 + k), reduction="none").mean(-1)
+            total = total + decay**k * feature_loss * (reg * m).sum() / m.sum()
         hit = (d2t[logits.argmax(-1)] == shift_left(top, 1 + k, -1)).float() * m
         accs.append((hit.sum() / m.sum()).item())
         agree.append(hit)
@@ -263,8 +267,8 @@ def dense_unroll_reference(head, aux, target_logits, ids, mask, steps, decay):
     return total, accs, (run * shift_left(mask, 2).float()).sum()
 
 
-@pytest.mark.parametrize("norm_output", [False, True])
-def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model, norm_output):
+@pytest.mark.parametrize("norm_output,feature_loss", [(False, 0.0), (True, 0.0), (True, 0.7)])
+def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model, norm_output, feature_loss):
     """The unroll sends only supervised rows through lm_head; loss, accuracies and simulated acceptance
     must equal the dense all-rows computation (prompt rows, padding and sequence ends included), with either
     wiring of the state a step hands the next."""
@@ -287,8 +291,13 @@ def test_unroll_scores_only_supervised_rows_like_the_dense_loss(tiny_model, norm
         pick = head.logits(hidden).argmax(-1)
     for j in range(0, T - 1, 2):
         logits[torch.arange(B), j + 1, head.draft_to_target[pick[:, j]]] += 100.0
-    out = ttt_unroll(head, aux, logits, ids, mask, 3, 0.8)
-    ref_loss, ref_accs, ref_run = dense_unroll_reference(head, aux, logits, ids, mask, 3, 0.8)
+    last = torch.randn(B, T, head.config.hidden_size, dtype=torch.float64) * 2  # the target's final states
+    out = ttt_unroll(head, aux, logits, ids, mask, 3, 0.8, last=last, feature_loss=feature_loss)
+    ref_loss, ref_accs, ref_run = dense_unroll_reference(head, aux, logits, ids, mask, 3, 0.8, last, feature_loss)
+    if feature_loss:  # the regression adds to the loss and nothing else
+        plain = ttt_unroll(head, aux, logits, ids, mask, 3, 0.8)
+        assert out.loss.item() > plain.loss.item() + 0.1
+        assert [a.item() for a in out.accs] == [a.item() for a in plain.accs]
     torch.testing.assert_close(out.loss.double(), ref_loss.double(), rtol=1e-6, atol=1e-6)  # fp32 logits in both
     assert [a.item() for a in out.accs] == pytest.approx(ref_accs)
     assert ref_accs[0] > 0.3 and ref_run.item() > 0  # the agreement above is visible

@@ -206,6 +206,8 @@ def build_eagle3(cfg, target: Target, vocab) -> Eagle3Head:
     head = Eagle3Head(Eagle3Config.from_run(cfg, target.config, target.aux_layer_ids))
     head.attach_target(target)
     head.set_vocab(vocab.d2t, vocab.t2d)
+    if cfg.get("freeze_lm_head"):  # its rows stay as they start (the optimizer skips frozen parameters)
+        head.lm_head.weight.requires_grad_(False)
     if init_dir(cfg):
         return head  # build_head copies head.init_from's weights in
     if cfg.init == "target":

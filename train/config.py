@@ -58,6 +58,12 @@ class HeadConfig:
     # constant), argmax = its greedy token (cross-entropy), topk = its top `loss_topk` tokens, renormalised
     loss: str = "kl"
     loss_topk: int = 8
+    # EAGLE-3: > 0 adds to each TTT step's loss this weight x a smooth-L1 regression of the step's normed output onto
+    # the target's final (post-norm) hidden state at the position it predicts from (EAGLE-1's feature loss): a dense
+    # target beside the distribution, most useful with head.init=output, where the draft's output space is the target's
+    feature_loss: float = 0.0
+    # keep lm_head at its start (head.init=output / target: the target's own rows for the draft vocab), not trained
+    freeze_lm_head: bool = False
     # P-EAGLE (family peagle: an EAGLE-3 head drafting all k tokens in one forward): the token id its mask slots read
     # (vLLM's mask_token_id); None = the target's pad token, else its first eos token
     mask_token_id: Optional[int] = None
@@ -323,6 +329,7 @@ def config_problems(cfg) -> list[str]:
         "num_layers": (lambda v: v >= 1, "draft decoder layers, >= 1 (vLLM's eagle3 drafter loads any number)"),
         "loss": (lambda v: v in ("kl", "argmax", "topk"), "expected one of kl | argmax | topk"),
         "loss_topk": (lambda v: v >= 1, "the target's top tokens the loss keeps, >= 1"),
+        "feature_loss": (lambda v: v >= 0, "the feature regression's weight, >= 0 (0 = off)"),
         "fc_outlier_ratio": (lambda v: v == 0 or v > 1, "0 (off) or a ratio to the median channel RMS above 1"),
         "slot_weights": (lambda v: v in ("decay", "acceptance"), "expected one of decay | acceptance"),
         "slot_weight_floor": (lambda v: 0 <= v <= 1, "the weights' floor per slot, in [0, 1]"),

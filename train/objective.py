@@ -102,9 +102,10 @@ class EagleObjective:
         self.family = cfg.get("family", "eagle3")
         self.steps, self.decay = cfg.ttt_steps, cfg.ttt_decay
         self.loss, self.topk = cfg.get("loss", "kl"), cfg.get("loss_topk", 8)
+        self.feature_loss = cfg.get("feature_loss", 0.0) or 0.0
 
     def wrap(self, head) -> nn.Module:
-        return Unrolled(head, self.steps, self.decay, self.loss, self.topk)
+        return Unrolled(head, self.steps, self.decay, self.loss, self.topk, self.feature_loss)
 
     def vocab_ids(self, head) -> torch.Tensor:
         return head.draft_to_target  # target logits only over the draft vocab: the loss needs no more
@@ -118,7 +119,8 @@ class EagleObjective:
 
     def __call__(self, model, feats, batch, eval: bool = False, denoms=None):
         top = feats.top if eval else None
-        return model(feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"], top, denoms)
+        last = feats.last if self.feature_loss else None
+        return model(feats.aux, feats.logits, batch["input_ids"], batch["loss_mask"], top, denoms, last)
 
 
 class DFlashObjective(EagleObjective):
@@ -128,6 +130,7 @@ class DFlashObjective(EagleObjective):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.family, self.size, self.anchors = "dflash", cfg.block_size, cfg.anchors
+        self.feature_loss = 0.0  # not a DFlash key (its blocks are scored on distributions only)
         self.slot_weights, self.floor = cfg.slot_weights, cfg.slot_weight_floor
 
     def wrap(self, head) -> nn.Module:

@@ -49,6 +49,8 @@ def ttt_unroll(
     denoms: torch.Tensor | None = None,
     loss: str = "kl",
     topk: int = 8,
+    last: torch.Tensor | None = None,
+    feature_loss: float = 0.0,
 ) -> TTTOutput:
     """Unroll the head `steps` times on its own hidden outputs and score each step against the target.
 
@@ -61,7 +63,11 @@ def ttt_unroll(
             Training passes the global counts of the whole optimizer step (all ranks, all micro-batches),
             so that summing the outputs over micro-batches and ranks gives the mean over every token.
         loss: what each step is scored against (`target_distribution`): kl | argmax | topk (the top `topk` tokens).
+        last: [B, T, H] the target's final (post-norm) hidden states, read when feature_loss > 0: step k at row j
+            also regresses its normed output onto last[j+1+k] (smooth L1, mean over channels, weight feature_loss).
     """
+    if feature_loss and last is None:
+        raise ValueError("feature_loss > 0 needs the target's final hidden states (`last`)")
     B, T = input_ids.shape
     positions = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
     d2t_ids = head.draft_to_target  # [Vd]
@@ -92,12 +98,17 @@ def ttt_unroll(
             tokens, step_in = shift_left(input_ids, 1 + k), head.carry(hidden)
         hidden = head(tokens, positions + k, step_in, cache)  # [B, T, H]
         mask = shift_left(loss_mask, 2 + k) > 0  # [B, T] x_{j+2+k} is supervised (False past the end)
-        logits = head.logits(hidden[mask]).float()  # [n, Vd]
+        normed = head.norm(hidden[mask])  # [n, H]
+        logits = head.lm_head(normed).float()  # [n, Vd] (`Eagle3Head.logits`)
         p = target_p[shift_left(slot, 1 + k, -1)[mask]]  # [n, Vd] target distribution at position j+1+k
         n = mask.sum()
         d = n.clamp(min=1) if denoms is None else denoms[k].clamp(min=1)
         loss_k = -(p * F.log_softmax(logits, dim=-1)).sum() / d  # forward KL up to a constant
         total = total + (decay**k) * loss_k
+        if feature_loss:  # the target's own final state at j+1+k, from which its distribution above came
+            want = shift_left(last, 1 + k)[mask].float()  # [n, H]
+            reg = F.smooth_l1_loss(normed.float(), want, reduction="none").mean(-1).sum() / d
+            total = total + (decay**k) * feature_loss * reg
         hit = torch.zeros((B, T), device=input_ids.device)  # [B, T] draft top-1 == target top-1, supervised rows
         hit[mask] = (d2t_ids[logits.argmax(-1)] == shift_left(target_top, 1 + k, -1)[mask]).float()
         losses.append(loss_k.detach())
@@ -128,11 +139,14 @@ def target_distribution(logits: torch.Tensor, loss: str, topk: int = 8) -> torch
 class Unrolled(torch.nn.Module):
     """The head and its unroll as one forward call, so DDP/FSDP see (and synchronise) a single pass."""
 
-    def __init__(self, head, steps: int, decay: float, loss: str = "kl", topk: int = 8):
+    def __init__(self, head, steps: int, decay: float, loss: str = "kl", topk: int = 8, feature_loss: float = 0.0):
         super().__init__()
         self.head, self.steps, self.decay, self.loss, self.topk = head, steps, decay, loss, topk
+        self.feature_loss = feature_loss
 
-    def forward(self, aux, target_logits, input_ids, loss_mask, target_top=None, denoms=None) -> TTTOutput:
+    def forward(
+        self, aux, target_logits, input_ids, loss_mask, target_top=None, denoms=None, last=None
+    ) -> TTTOutput:
         return ttt_unroll(
             self.head,
             aux,
@@ -145,4 +159,6 @@ class Unrolled(torch.nn.Module):
             denoms,
             self.loss,
             self.topk,
+            last,
+            self.feature_loss,
         )

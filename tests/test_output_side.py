@@ -26,7 +26,7 @@ def test_frozen_lm_head_keeps_the_targets_rows_and_the_feature_loss_adds_to_the_
     args = lambda name, *extra: overrides(  # noqa: E731
         tiny_target_dir, data_file, tmp_path / name, "optim.max_steps=4", *extra
     )
-    trained = train_in_process(args("trained", "head.init=output"))
+    train_in_process(args("trained", "head.init=output"))
     frozen = train_in_process(args("frozen", "head.init=output", "head.freeze_lm_head=true"))
     featured = train_in_process(
         args("featured", "head.init=output", "head.freeze_lm_head=true", "head.feature_loss=1.0")

@@ -144,9 +144,7 @@ class Unrolled(torch.nn.Module):
         self.head, self.steps, self.decay, self.loss, self.topk = head, steps, decay, loss, topk
         self.feature_loss = feature_loss
 
-    def forward(
-        self, aux, target_logits, input_ids, loss_mask, target_top=None, denoms=None, last=None
-    ) -> TTTOutput:
+    def forward(self, aux, target_logits, input_ids, loss_mask, target_top=None, denoms=None, last=None) -> TTTOutput:
         return ttt_unroll(
             self.head,
             aux,

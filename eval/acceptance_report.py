@@ -118,4 +118,9 @@ def format_table(result: dict) -> str:
         else:
             cells = result_cells(name, r)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    covered = {n: r["draft_vocab_coverage"] for n, r in result["methods"].items() if r.get("draft_vocab_coverage")}
+    if covered:
+        lines += ["", "Draft vocab coverage, the share of no speculation's output tokens each head's draft vocab holds "
+                  "(a token outside it is a sure rejection): "
+                  + ", ".join(f"{n} {c:.1%}" for n, c in covered.items())]  # fmt: skip
     return "\n".join(lines)

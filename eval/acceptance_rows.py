@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+from pathlib import Path
 
 from draftsmith.serve.runner import counter_sum
 
@@ -24,6 +25,24 @@ def acceptance_metrics(counters: dict) -> dict:
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
         "per_position_acceptance": [a / drafts for a in per_pos] if drafts else None,
     }
+
+
+def draft_vocab_mask(model_dir) -> list[bool] | None:
+    """[V] which target ids a head's draft vocab holds (its exported `t2d`); None for a head without one (a
+    training-free method, a head drafting over the whole vocab) or a directory that is not there."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(model_dir).glob("*.safetensors")) if Path(model_dir).is_dir() else ():
+        with safe_open(str(path), "pt") as f:
+            if "t2d" in f.keys():
+                return f.get_tensor("t2d").bool().tolist()
+    return None
+
+
+def vocab_coverage(mask: list[bool], outputs: list[list[int]]) -> float | None:
+    """The share of `outputs`' tokens (no speculation's) inside a draft vocab: each one outside is a sure rejection."""
+    ids = [i for out in outputs for i in out]
+    return sum(mask[i] for i in ids if 0 <= i < len(mask)) / len(ids) if ids else None
 
 
 def tokens_per_step(generated: int, accepted: int) -> float | None:
@@ -87,6 +106,11 @@ def rows_at(i: int | None, names, children: dict, spec: dict, temperature: float
     none = at(children.get("none", {"error": "not run"}))
     reference = none.get("output_token_ids") if temperature == 0 else None
     rows = {name: summarize(name, at(children[name]), spec[name], reference) for name in names}
+    for name, row in rows.items():  # how much of what the target says a head's draft vocab can say at all
+        model = (spec[name] or {}).get("model")
+        mask = draft_vocab_mask(model) if model and reference and row["status"] == "ok" else None
+        if mask is not None:
+            row["draft_vocab_coverage"] = vocab_coverage(mask, reference)
     ref_speed = rows.get("none", {}).get("output_tokens_per_s")
     ref_rounds = none.get("rounds_tok_s")
     for name, row in rows.items():

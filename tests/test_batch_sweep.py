@@ -4,6 +4,7 @@ slow tier)."""
 import json
 
 import pytest
+import torch
 
 from draftsmith.eval.acceptance_report import format_sweep, plot_sweep
 from draftsmith.eval.schedule import main as schedule_main
@@ -217,3 +218,30 @@ def test_served_sweep_and_schedule_on_tiny_target(tiny_target_dir, tmp_path):
     assert one["counters"]["num_drafts"] > 0 and one["match_vs_none"] == 1.0
     # batch 2: k = 0 while both requests run (a request finishing early leaves a batch of 1, which drafts)
     assert two["counters"]["num_drafts"] < one["counters"]["num_drafts"] and two["match_vs_none"] == 1.0
+
+
+def test_each_heads_draft_vocab_coverage_of_the_targets_outputs_is_reported(tmp_path):
+    """A head's row carries the share of no speculation's output tokens its exported t2d holds (a token outside is a
+    sure rejection); a method without a draft vocab gets none, and the markdown names each head's share."""
+    from safetensors.torch import save_file
+
+    from draftsmith.eval.acceptance_report import format_table
+    from draftsmith.eval.acceptance_rows import rows_at
+
+    t2d = torch.zeros(8, dtype=torch.bool)
+    t2d[[1, 2, 5]] = True
+    head, full = tmp_path / "head", tmp_path / "full"
+    head.mkdir(), full.mkdir()
+    save_file({"d2t": torch.tensor([1, 1, 3]), "t2d": t2d}, str(head / "model.safetensors"))
+    save_file({"fc.weight": torch.zeros(2, 2)}, str(full / "model.safetensors"))  # drafts over the whole vocab
+    outputs = ((1, 2, 3), (4, 5))  # 3 of these 5 tokens are in the head's draft vocab
+    cell = _cell(100, 0, outputs=outputs)
+    children = {n: {**cell, "sweep": [cell]} for n in ("none", "ngram", "h", "f")}
+    spec = {"none": None, "ngram": {"method": "ngram"}, "h": {"method": "eagle3", "model": str(head)},
+            "f": {"method": "eagle3", "model": str(full)}}  # fmt: skip
+    rows = rows_at(0, list(children), children, spec, 0.0)
+    assert rows["h"]["draft_vocab_coverage"] == pytest.approx(3 / 5)
+    assert [n for n in rows if "draft_vocab_coverage" in rows[n]] == ["h"]
+    result = {"k": 3, "num_prompts": 2, "prompts_file": "p.jsonl", "max_tokens": 4, "temperature": 0.0,
+              "target": "t", "versions": {}, "methods": rows}  # fmt: skip
+    assert format_table(result).splitlines()[-1].endswith("sure rejection): h 60.0%")

@@ -91,7 +91,7 @@ class Family:
         mask = getattr(head_cfg, "mask_token_id", None)
         if "mask_token_id" in self.keys and mask is not None and not 0 <= mask < target_vocab_size:
             out.append(f"head.mask_token_id={mask}: a token id of the target's vocab, 0..{target_vocab_size - 1}")
-        if "freeze_lm_head" in self.keys and head_cfg.get("freeze_lm_head") and head_cfg.init == "random":
+        if "freeze_lm_head" in self.keys and getattr(head_cfg, "freeze_lm_head", False) and head_cfg.init == "random":
             out.append(
                 "head.freeze_lm_head=true with head.init=random: the draft's output rows would stay noise; freeze them "
                 "only when they start from the target's (head.init=output or target)"

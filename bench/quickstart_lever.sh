@@ -5,7 +5,7 @@
 #
 #   bash bench/quickstart_lever.sh QUICKSTART_OUT OUT [ARM...]
 #
-# ARM: b1024 (the default), acceptance, output, lr8e-3, layers2, b4l2acc, b4l1acc, b4l2decay, b4l3acc, anchors128,
+# ARM: b1024 (the default), acceptance, output, out3, lr8e-3, layers2, b4l2acc, b4l1acc, b4l2decay, b4l3acc, anchors128,
 # eagle3 or peagle; several arms train one after another and are served together.
 #
 # Run it as the quickstart ran (DRAFTSMITH_CACHE, bench/slow_machine.sh's cap), so the arm trains at its speed. The
@@ -20,6 +20,8 @@
 #     acceptance: head.slot_weights=acceptance (a DFlash head's slots weighted by their share of the expected accepted
 #       length, train/block_loss.py)
 #     output: head.init=output (the target's final norm and lm_head rows of the draft vocab)
+#     out3: head.init=output head.freeze_lm_head=true head.feature_loss=3.0 (an EAGLE-3 head's output side kept the
+#       target's, each step's output also regressed onto the target's final state; docs/recipe.md, peer_output_side)
 #     lr8e-3: optim.lr=8e-3
 #     layers2: head.num_layers=2
 #     b4l2acc: head.block_size=4 head.num_layers=2 head.slot_weights=acceptance (a DFlash block the size k=3 serves,
@@ -44,7 +46,8 @@ CODE=${CODE:-0}
 METHODS=${METHODS:-none,ngram,suffix}
 . "$(dirname "$0")/mlp_arms.sh"  # run, arm, workload_prompts (DRY=1 prints the commands)
 declare -A ARMS=([b1024]="data.max_tokens_per_batch=1024 optim.lr=3e-3" [acceptance]="head.slot_weights=acceptance"
-  [output]="head.init=output" [lr8e-3]="optim.lr=8e-3" [layers2]="head.num_layers=2"
+  [output]="head.init=output" [out3]="head.init=output head.freeze_lm_head=true head.feature_loss=3.0"
+  [lr8e-3]="optim.lr=8e-3" [layers2]="head.num_layers=2"
   [b4l2acc]="head.block_size=4 head.num_layers=2 head.slot_weights=acceptance"
   [b4l1acc]="head.block_size=4 head.num_layers=1 head.slot_weights=acceptance"
   [b4l2decay]="head.block_size=4 head.num_layers=2 head.slot_weights=decay"

@@ -114,12 +114,13 @@ def test_a_lever_arm_is_the_quickstarts_own_training_run_plus_the_arm(tmp_path, 
         assert p.returncode == 0, p.stderr
         return [shlex.split(x[2:])[2:] for x in p.stdout.splitlines() if x.startswith("+ python train/run.py")]
 
-    p = lever("acceptance", "output")
+    p = lever("acceptance", "output", "out3")
     lines = p.stdout.splitlines()
     trains = trainings(p)
     assert [set(a) - set(train) for a in trains] == [
         {"head.slot_weights=acceptance", f"output_dir={tmp_path}/acceptance"},
         {"head.init=output", f"output_dir={tmp_path}/output"},
+        {"head.init=output", "head.freeze_lm_head=true", "head.feature_loss=3.0", f"output_dir={tmp_path}/out3"},
     ]
     [chat] = [shlex.split(x[2:]) for x in lines if x.startswith("+ draftsmith eval acceptance")][:1]
     assert f"acceptance={tmp_path}/acceptance/exported" in chat and f"output={tmp_path}/output/exported" in chat

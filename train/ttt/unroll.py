@@ -98,8 +98,7 @@ def ttt_unroll(
             tokens, step_in = shift_left(input_ids, 1 + k), head.carry(hidden)
         hidden = head(tokens, positions + k, step_in, cache)  # [B, T, H]
         mask = shift_left(loss_mask, 2 + k) > 0  # [B, T] x_{j+2+k} is supervised (False past the end)
-        normed = head.norm(hidden[mask])  # [n, H]
-        logits = head.lm_head(normed).float()  # [n, Vd] (`Eagle3Head.logits`)
+        logits = head.logits(hidden[mask]).float()  # [n, Vd]
         p = target_p[shift_left(slot, 1 + k, -1)[mask]]  # [n, Vd] target distribution at position j+1+k
         n = mask.sum()
         d = n.clamp(min=1) if denoms is None else denoms[k].clamp(min=1)
@@ -107,7 +106,8 @@ def ttt_unroll(
         total = total + (decay**k) * loss_k
         if feature_loss:  # the target's own final state at j+1+k, from which its distribution above came
             want = shift_left(last, 1 + k)[mask].float()  # [n, H]
-            reg = F.smooth_l1_loss(normed.float(), want, reduction="none").mean(-1).sum() / d
+            normed = head.norm(hidden[mask]).float()  # [n, H] what lm_head reads in `logits` above
+            reg = F.smooth_l1_loss(normed, want, reduction="none").mean(-1).sum() / d
             total = total + (decay**k) * feature_loss * reg
         hit = torch.zeros((B, T), device=input_ids.device)  # [B, T] draft top-1 == target top-1, supervised rows
         hit[mask] = (d2t_ids[logits.argmax(-1)] == shift_left(target_top, 1 + k, -1)[mask]).float()

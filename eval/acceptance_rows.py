@@ -27,22 +27,31 @@ def acceptance_metrics(counters: dict) -> dict:
     }
 
 
-def draft_vocab_mask(model_dir) -> list[bool] | None:
-    """[V] which target ids a head's draft vocab holds (its exported `t2d`); None for a head without one (a
-    training-free method, a head drafting over the whole vocab) or a directory that is not there."""
+@functools.lru_cache(maxsize=None)
+def exported_draft_vocab(model_dir: str):
+    """The draft vocab a head's export records (its `d2t` and `t2d`), read once per directory; None for a head without
+    one (a training-free method, a head drafting over the whole vocab) or a directory that is not there."""
     from safetensors import safe_open
+
+    from draftsmith.train.data.vocab import vocab_from_d2t
 
     for path in sorted(Path(model_dir).glob("*.safetensors")) if Path(model_dir).is_dir() else ():
         with safe_open(str(path), "pt") as f:
-            if "t2d" in f.keys():
-                return f.get_tensor("t2d").bool().tolist()
+            if {"d2t", "t2d"} <= set(f.keys()):
+                return vocab_from_d2t(f.get_tensor("d2t"), f.get_tensor("t2d").numel())
     return None
 
 
-def vocab_coverage(mask: list[bool], outputs: list[list[int]]) -> float | None:
-    """The share of `outputs`' tokens (no speculation's) inside a draft vocab: each one outside is a sure rejection."""
-    ids = [i for out in outputs for i in out]
-    return sum(mask[i] for i in ids if 0 <= i < len(mask)) / len(ids) if ids else None
+def vocab_coverage(vocab, outputs: list[list[int]]) -> float | None:
+    """The share of `outputs`' tokens (no speculation's) inside a draft vocab (`DraftVocab.coverage`): each one outside
+    is a sure rejection."""
+    import torch
+
+    ids = torch.tensor([i for out in outputs for i in out], dtype=torch.long)
+    if not ids.numel():
+        return None
+    known = ids[(ids >= 0) & (ids < vocab.vocab_size)]  # an id past the target's vocab counts as outside
+    return vocab.coverage(torch.bincount(known, minlength=vocab.vocab_size)) * known.numel() / ids.numel()
 
 
 def tokens_per_step(generated: int, accepted: int) -> float | None:
@@ -108,9 +117,9 @@ def rows_at(i: int | None, names, children: dict, spec: dict, temperature: float
     rows = {name: summarize(name, at(children[name]), spec[name], reference) for name in names}
     for name, row in rows.items():  # how much of what the target says a head's draft vocab can say at all
         model = (spec[name] or {}).get("model")
-        mask = draft_vocab_mask(model) if model and reference and row["status"] == "ok" else None
-        if mask is not None:
-            row["draft_vocab_coverage"] = vocab_coverage(mask, reference)
+        vocab = exported_draft_vocab(str(model)) if model and reference and row["status"] == "ok" else None
+        if vocab is not None:
+            row["draft_vocab_coverage"] = vocab_coverage(vocab, reference)
     ref_speed = rows.get("none", {}).get("output_tokens_per_s")
     ref_rounds = none.get("rounds_tok_s")
     for name, row in rows.items():

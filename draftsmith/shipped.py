@@ -86,13 +86,14 @@ def shipped_answers(target_dir: str | Path, settings: dict, backend: str) -> tup
 
 
 def same_source(pool: str | None, asked: str | None) -> bool:
-    """Whether a pool made from source `pool` can answer `asked`: the same source, or the same pycode: ROOT with
-    another count (`pycode:stdlib:300` asks the first 300 of the fixed order that `pycode:stdlib` answered; the
-    prompts are still compared one by one)."""
+    """Whether a pool made from source `pool` can answer `asked`: the same source, or the same pycode: ROOT or
+    doctask: KIND with another count (`pycode:stdlib:300` asks the first 300 of the fixed order that `pycode:stdlib`
+    answered; the prompts are still compared one by one)."""
     if pool == asked:
         return True
     parts = [str(s).split(":") for s in (pool, asked)]
-    return all(p[0] == "pycode" and len(p) in (2, 3) for p in parts) and parts[0][1] == parts[1][1]
+    counted = all(p[0] in ("pycode", "doctask") and len(p) in (2, 3) for p in parts)
+    return counted and parts[0][:2] == parts[1][:2]
 
 
 def prompt_messages(record: dict) -> list[dict]:

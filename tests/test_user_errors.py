@@ -61,6 +61,8 @@ def compose(*overrides):
         ("data.also=[sharegpt,'']", "data.also[1]=''"),
         ("data.path=pycode:stdlib", "data.path=pycode:stdlib"),
         ("data.also=[regen:sharegpt,pycode:stdlib]", "data.also[1]=pycode:stdlib"),
+        ("data.path=doctask:summarize", "data.path=doctask:summarize"),
+        ("data.also=[regen:sharegpt,doctask:qa]", "data.also[1]=doctask:qa"),
         ("data.also=[{path:sharegpt,seed:1}]", "data.also[0].path=sharegpt"),
         ("data.also=[{path:'regen:sharegpt',regen_temperature:-1}]", "data.also[0].regen_temperature=-1"),
         ("data.also=[{path:'regen:sharegpt',temperature:0.7}]", "data.also[0].temperature"),

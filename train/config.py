@@ -92,7 +92,8 @@ class HeadConfig:
 class DataConfig:
     # "sharegpt" (embedded ShareGPT_V3), a JSON/JSONL file, hf:NAME[:SPLIT], or regen:SOURCE = SOURCE's first
     # turns re-answered by the target (draftsmith regenerate; generated once, cached, resumable); SOURCE may also be
-    # pycode:stdlib or pycode:site-packages[:N], code-completion prompts read from the installed Python
+    # pycode:stdlib or pycode:site-packages[:N], code-completion prompts read from the installed Python, or
+    # doctask:summarize|qa[:N], long-document prompts built from the embedded ShareGPT file (train/data/doc_tasks.py)
     path: str = "sharegpt"
     # more sources trained on beside data.path, each named as data.path is (regen:SOURCE made with the regen_*
     # settings and num_conversations below): e.g. [regen:sharegpt] trains on the source's text and the target's own
@@ -240,6 +241,9 @@ REGEN_CHECKS = {
 }
 
 
+PROMPT_SOURCES = ("pycode:", "doctask:")  # prompts with no answers: trained on only as regen:SOURCE
+
+
 def also_problems(entries, prompts_only: str) -> list[str]:
     """config_problems' lines for data.also: each entry a source name, or a mapping of a source and its own
     settings (regen settings for a regen: source; num_conversations for any)."""
@@ -251,7 +255,7 @@ def also_problems(entries, prompts_only: str) -> list[str]:
         if isinstance(e, str):
             if not e.strip():
                 problems.append(f"{key}={e!r}: an empty source (expected a source name, as data.path takes)")
-            elif e.startswith("pycode:"):
+            elif e.startswith(PROMPT_SOURCES):
                 problems.append(f"{key}={e}: {prompts_only}")
             continue
         if not hasattr(e, "keys"):
@@ -356,8 +360,11 @@ def config_problems(cfg) -> list[str]:
     )
     for key, (ok, why) in REGEN_CHECKS.items():
         need("data." + key, ok, why)
-    prompts_only = "pycode: sources are prompts with no answers; regen:pycode:... has the target answer them"
-    need("data.path", lambda v: not str(v).startswith("pycode:"), prompts_only)
+    prompts_only = (
+        "pycode: and doctask: sources are prompts with no answers; regen:pycode:... or regen:doctask:... has the "
+        "target answer them"
+    )
+    need("data.path", lambda v: not str(v).startswith(PROMPT_SOURCES), prompts_only)
     problems += also_problems(get("data.also"), prompts_only)
     if get("data.max_disk") is not None:
         from draftsmith.train.features.shards import parse_size

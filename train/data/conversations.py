@@ -463,6 +463,11 @@ def _records(path: str, stats: ReadStats) -> Iterator[tuple[Any, str]]:
         from draftsmith.train.data.code_prompts import pycode_records
 
         return pycode_records(path)
+    if path.startswith("doctask:"):
+        from draftsmith.train.data.doc_tasks import doctask_records, parse_source
+
+        parse_source(path)  # a bad source fails before ShareGPT is read
+        return doctask_records(path, read_conversations("sharegpt", questions=True))
     if path.startswith("hf:"):
         ds, name = _open_hf(path)
         return _iter_hf(ds, name)
@@ -490,7 +495,8 @@ def read_conversations(
     path: str, limit: int | None = None, stats: ReadStats | None = None, questions: bool = False
 ) -> Iterator[Conversation]:
     """Yield normalised conversations from `path` ("sharegpt", .json, .jsonl, hf:NAME[:SPLIT], a dataset dir, or
-    pycode:ROOT[:N], code-completion prompts from the installed Python).
+    pycode:ROOT[:N], code-completion prompts from the installed Python, or doctask:KIND[:N], long-document prompts built
+    from the embedded ShareGPT file).
     questions=True also yields records that end on a user turn or hold no answer at all (prompts to regenerate)."""
     stats = stats if stats is not None else ReadStats()
     records = _records(str(path), stats)  # eager: a missing file or unknown format fails at the call

@@ -331,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--data",
         default="sharegpt",
-        help="sharegpt, a JSON/JSONL file, hf:NAME[:SPLIT], or pycode:stdlib|site-packages[:N] (code prompts)",
+        help="sharegpt, a JSON/JSONL file, hf:NAME[:SPLIT], pycode:stdlib|site-packages[:N] (code prompts) or "
+        "doctask:summarize|qa[:N] (long-document prompts)",
     )
     ap.add_argument("--out", required=True, help="JSONL to write (resumed if it exists)")
     ap.add_argument("--num-conversations", type=int, default=None)

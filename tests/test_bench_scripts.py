@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,9 +106,9 @@ def test_a_lever_arm_is_the_quickstarts_own_training_run_plus_the_arm(tmp_path, 
     assert sorted(train) == sorted(shlex.split(x)[0] for x in expected)  # (the printed line, split as bash would)
     assert compose_config(expected).optim.max_minutes == 19.5
 
-    def lever(*arms: str) -> subprocess.CompletedProcess:  # the harness on QS_OUT with these arms, DRY=1
+    def lever(*arms: str, **env: str) -> subprocess.CompletedProcess:  # the harness on QS_OUT, DRY=1
         argv = ["bash", "bench/quickstart_lever.sh", str(qs), str(tmp_path), *arms]
-        return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "DRY": "1"},
+        return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "DRY": "1", **env},
                               timeout=300)  # fmt: skip
 
     def trainings(p: subprocess.CompletedProcess) -> list[list[str]]:
@@ -133,6 +134,22 @@ def test_a_lever_arm_is_the_quickstarts_own_training_run_plus_the_arm(tmp_path, 
     expected = plan.overrides(tmp_path / "eagle3", ["head.anchors=32"], "eagle3_smollm2")
     assert sorted(eagle3) == sorted(shlex.split(x)[0] for x in expected)
     assert "conf=eagle3_smollm2" in eagle3 and not any(w.startswith("family=") for w in eagle3)
+    # a data arm: the same plan with long-document prompts added to its data (plan.doc_prompts), served on Spec-Bench's
+    # categories too
+    p = lever("doc", DOC="30", SPEC_BENCH="4", SPEC_BENCH_CATEGORIES="summarization rag", CHAT="0", MT="0")
+    [doc] = trainings(p)
+    expected = replace(plan, doc_prompts=30).overrides(tmp_path / "doc", ["head.anchors=32"], "dflash_smollm2")
+    assert sorted(doc) == sorted(shlex.split(x)[0] for x in expected)
+    also = compose_config(expected).data.also
+    assert [(e.path, e.num_conversations) for e in also] == [
+        ("regen:pycode:stdlib", 1059), ("regen:doctask:summarize", 15), ("regen:doctask:qa", 15)
+    ]  # fmt: skip
+    served = [shlex.split(x[2:]) for x in p.stdout.splitlines() if x.startswith("+ draftsmith eval acceptance")]
+    assert [(a[a.index("--category") + 1], a[a.index("--num-prompts") + 1]) for a in served] == [
+        ("summarization", "4"), ("rag", "4")
+    ]  # fmt: skip
+    assert all(f"doc={tmp_path}/doc/exported" in a for a in served)
+    assert all(a[a.index("--prompts") + 1].endswith("shared/data/spec_bench_questions.jsonl") for a in served)
     bad = lever("nope")
     assert bad.returncode == 2 and "unknown arm nope" in bad.stderr
 

@@ -34,11 +34,20 @@ def test_the_plan_fits_the_budget(rates, budget, hybrid):
     assert plan.heldout == max(qp.HELDOUT, plan.num_prompts)  # the served chat prompts come from the held-out set
     chat = plan.conversations * qp.TOKENS_PER_TURN
     code = plan.code_prompts * qp.CODE_TOKENS_PER_PROMPT
-    # a CODE_SHARE of the answer tokens is code (less where the first turns would fall below MIN_TURNS or the pool
-    # has no more)
-    capped = plan.conversations < qp.MIN_TURNS + 2 or plan.code_prompts == qp.CODE_PROMPTS  # the floor, the pool
-    assert code / (chat + code) == pytest.approx(qp.CODE_SHARE, abs=0.01) or capped
-    data = chat + code - plan.heldout * qp.HELDOUT_SAMPLE_TOKENS  # held out: not trained
+    doc = plan.doc_prompts * qp.DOC_TOKENS_PER_PROMPT
+    # a DOC_SHARE of the answer tokens is long documents and a CODE_SHARE of the rest code (less where the first turns
+    # would fall below MIN_TURNS or the pool has no more)
+    floor = plan.conversations < qp.MIN_TURNS + 2
+    assert (
+        code / (chat + code) == pytest.approx(qp.CODE_SHARE, abs=0.01) or floor or plan.code_prompts == qp.CODE_PROMPTS
+    )
+    assert (
+        doc / (chat + code + doc) == pytest.approx(qp.DOC_SHARE, abs=0.01)
+        or floor
+        or plan.doc_prompts == qp.DOC_PROMPTS
+    )
+    assert plan.doc_prompts > 0
+    data = chat + code + doc - plan.heldout * qp.HELDOUT_SAMPLE_TOKENS  # held out: not trained
     if plan.conversations < qp.POOL_TURNS:  # the data is sized for ~PASSES passes in the clock
         assert trained / data == pytest.approx(qp.PASSES, rel=0.1)
     else:  # past the pool, the rest went to training minutes: more passes
@@ -53,6 +62,8 @@ def test_more_budget_buys_data_first_then_minutes():
     assert turns[-1] == qp.POOL_TURNS and turns[0] < qp.POOL_TURNS
     code = [p.code_prompts for p in plans]  # code grows with the chat, then takes the spare data past the pool
     assert code == sorted(code) and code[-1] == qp.CODE_PROMPTS and 0 < code[0] < qp.CODE_PROMPTS
+    docs = [p.doc_prompts for p in plans]  # so do the long documents, up to their pools
+    assert docs == sorted(docs) and docs[-1] == qp.DOC_PROMPTS and 0 < docs[0] < qp.DOC_PROMPTS
 
 
 @pytest.mark.parametrize("rates", [FAST, SLOW], ids=["avx512_bf16", "avx2"])
@@ -66,9 +77,10 @@ def test_a_budget_too_small_names_the_smallest_that_works(rates):
         qp.make_plan(smallest - 2, rates, 40.0, 32, 128)
 
 
-def test_a_budgeted_plan_trains_on_its_share_of_the_shipped_code_pool():
-    """The plan's code prompts reach the training stage as a data.also entry of that many stdlib prompts, which the
-    shipped stdlib pool answers (so extraction is their only cost)."""
+def test_a_budgeted_plan_trains_on_its_share_of_the_shipped_code_and_document_pools():
+    """The plan's code prompts reach the training stage as a data.also entry of that many stdlib prompts, and its
+    long-document prompts as two entries, half summaries and half answers from a text; the shipped pools answer them
+    (so extraction is their only cost)."""
     from draftsmith.shipped import manifest
     from draftsmith.train.config import compose_config, validate_config
     from draftsmith.train.data.dataset import also_entries
@@ -76,10 +88,19 @@ def test_a_budgeted_plan_trains_on_its_share_of_the_shipped_code_pool():
     plan = qp.make_plan(45, SLOW, 40.0, 32, 128)
     cfg = compose_config(plan.overrides(Path("/tmp/qs"), []))
     validate_config(cfg)
-    assert also_entries(cfg.data) == [(qp.CODE_SET, {"num_conversations": plan.code_prompts})]
+    summarize, qa = plan.doc_prompts - plan.doc_prompts // 2, plan.doc_prompts // 2
+    assert also_entries(cfg.data) == [
+        (qp.CODE_SET, {"num_conversations": plan.code_prompts}),
+        (qp.DOC_SETS[0], {"num_conversations": summarize}),
+        (qp.DOC_SETS[1], {"num_conversations": qa}),
+    ]
     assert cfg.data.num_conversations == plan.conversations
     pool = next(p for p in manifest() if "regen:" + p["settings"]["source"] == qp.CODE_SET)
     assert pool["records"] == qp.CODE_PROMPTS and pool["settings"]["temperature"] == cfg.data.regen_temperature
+    for source in qp.DOC_SETS:  # each kind's pool holds its half of DOC_PROMPTS, made with the preset's settings
+        pool = next(p for p in manifest() if "regen:" + p["settings"]["source"] == source)
+        assert pool["records"] >= qp.DOC_PROMPTS // 2 - 2 and pool["first_turns"] == qp.DOC_PROMPTS // 2
+        assert pool["settings"]["max_tokens"] == cfg.data.regen_max_tokens
     assert qp.training_overrides("o", 5, 700, [], [])[3] == "data.also=[]"  # no code: none of the preset's sets
 
 

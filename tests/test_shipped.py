@@ -107,6 +107,9 @@ def test_a_damaged_pool_is_refused(shipped_pool, tiny_target_dir, tmp_path):
         ("pycode:stdlib", "pycode:site-packages:300", False),  # another root: other prompts
         ("sharegpt", "pycode:stdlib", False),
         ("sharegpt", "sharegpt", True),
+        ("doctask:summarize", "doctask:summarize:100", True),  # the long-document sets ask part of theirs too
+        ("doctask:summarize", "doctask:qa:100", False),
+        ("pycode:stdlib", "doctask:stdlib", False),
     ],
 )
 def test_a_code_pool_answers_part_of_its_source(pool, asked, takes):
@@ -129,7 +132,8 @@ def test_the_stdlib_pool_answers_a_stdlib_subset(smollm2_dir):
 
 def test_the_package_pools_are_intact_and_keyed_to_the_prepared_target(smollm2_dir):
     pools = shipped.manifest()
-    assert {p["settings"]["source"] for p in pools} == {"sharegpt", "pycode:stdlib", "pycode:site-packages:1200"}
+    sources = {"sharegpt", "pycode:stdlib", "pycode:site-packages:1200", "doctask:summarize", "doctask:qa"}
+    assert {p["settings"]["source"] for p in pools} == sources
     for p in pools:
         records = shipped._records(p["file"])  # checks the sha256
         assert len(records) == p["records"]
@@ -176,3 +180,20 @@ def test_the_sharegpt_pool_answers_every_first_turn_asked_here(tokenizer):
     extra = sorted(set(records) - set(asked))
     stale = [i for i, m in asked.items() if i in records and shipped.prompt_messages(records[i]) != m]
     assert not missing and not extra and not stale, f"missing {missing[:5]}, not asked {extra[:5]}, stale {stale[:5]}"
+
+
+def test_the_document_pools_answer_every_prompt_asked_here(tokenizer):
+    """The long-document pools answer exactly the prompts `regen:doctask:KIND` asks here for their extent (the
+    quickstart's share asks at most that many), each with the prompt asked: a fresh set-up generates none of them."""
+    from draftsmith.train.data.regenerate import first_prompts
+
+    pools = [p for p in shipped.manifest() if p["settings"]["source"].startswith("doctask:")]
+    assert len(pools) == 2
+    for pool in pools:
+        records = shipped._records(pool["file"])
+        source, first = pool["settings"]["source"], pool["first_turns"]
+        prompts, too_long = first_prompts(source, first, tokenizer, pool["settings"]["max_prompt_tokens"])
+        assert len(prompts) + too_long == first
+        asked = {p["id"]: p["messages"] for p in prompts}
+        assert set(asked) == set(records), source
+        assert all(shipped.prompt_messages(records[i]) == m for i, m in asked.items()), source

@@ -30,6 +30,15 @@ CODE_SHARE = 0.3
 CODE_SET = "regen:pycode:stdlib"
 CODE_PROMPTS = 1059  # the shipped stdlib pool's prompts (draftsmith/data/regen/pools.json)
 CODE_TOKENS_PER_PROMPT = 271  # rendered tokens per stdlib answer (287k for the 1,059, measured with the tokenizer)
+# A budgeted plan's long documents: DOC_SHARE of its answer tokens are the target's answers to long-document prompts
+# (train/data/doc_tasks.py: ShareGPT's own answers as documents, half summarised, half answered from; DOC_SETS,
+# shipped: extraction is their only cost), at most the pools' DOC_PROMPTS, never below MIN_TURNS first turns. They
+# are what Spec-Bench's summarization and RAG ask, where a chat and code head lost to suffix (docs/recipe.md)
+DOC_SHARE = 0.15
+DOC_SETS = ("regen:doctask:summarize", "regen:doctask:qa")
+DOC_PROMPTS = 400  # the shipped doctask pools' prompts, 200 each (draftsmith/data/regen/pools.json)
+DOC_TOKENS_PER_PROMPT = 576  # rendered tokens per prompt and answer (114k for the first 99 of each, measured)
+DOC_READ_S = 10.0  # reading ShareGPT past its first 8,000 records for the documents
 CODE_READ_S = 15.0  # reading the stdlib for its prompts (~8 s on 2 cores)
 MIN_TURNS = 600  # fewer answers than this trained no head worth serving in the data-size A/Bs
 MIN_TRAIN_MINUTES = 5.0
@@ -131,6 +140,7 @@ class Plan:
     replanned: dict | None = None
     hybrid: bool = False  # --hybrid: fit the head's hybrid policy and serve hybrid(head) beside it
     code_prompts: int = 0  # a budgeted plan's stdlib code prompts (CODE_SET's first code_prompts)
+    doc_prompts: int = 0  # long-document prompts (DOC_SETS' first, half of them each): summarize, answer from a text
 
     @property
     def clock_minutes(self) -> float:
@@ -138,10 +148,13 @@ class Plan:
         return self.replanned["train_minutes"] if self.replanned else self.train_minutes
 
     def also(self) -> list | None:
-        """The training stage's data.also: the preset's (None) with --full, else the plan's code set (or none)."""
+        """The training stage's data.also: the preset's (None) with --full, else the plan's code set and its
+        long-document sets (or none)."""
         if self.code_sets:
             return None
-        return [{"path": CODE_SET, "num_conversations": self.code_prompts}] if self.code_prompts else []
+        code = [{"path": CODE_SET, "num_conversations": self.code_prompts}] if self.code_prompts else []
+        halves = (self.doc_prompts - self.doc_prompts // 2, self.doc_prompts // 2)
+        return code + [{"path": p, "num_conversations": n} for p, n in zip(DOC_SETS, halves) if n]
 
     def overrides(self, out: Path, extra: list[str], preset: str = PRESET) -> list[str]:
         return training_overrides(
@@ -229,13 +242,13 @@ def make_plan(
     Each answered turn costs its extraction once and, unless it is held out, PASSES training passes: with e and t the
     extraction and training tok/s, N tokens of which H are held out take N/e + PASSES*(N-H)/t seconds (plus
     extraction's fixed part: its start and the held-out samples' slower rate), so the data grows with the budget and
-    the clock follows it. CODE_SHARE of those tokens are stdlib code answers (fewer where the first turns would fall
-    below MIN_TURNS); past the presets' 4,000 turns the rest goes to code up to its pool's CODE_PROMPTS, then to
-    training minutes. A plan serves chat, MT-Bench and HumanEval; a budget too small for that on this machine serves
-    chat and MT-Bench (HumanEval's serving costs ~5 engine starts and their prompts: 4-5 minutes on the slow AVX2
-    class). A budgeted plan holds out HELDOUT conversations (at least the served prompts); --full the preset's, and
-    its data as it stands (`preset`'s first turns and code sets). `hybrid`: the fit and the hybrid's serving come out
-    of the budget too."""
+    the clock follows it. DOC_SHARE of those tokens are long-document answers and CODE_SHARE of the rest stdlib code
+    answers (fewer where the first turns would fall below MIN_TURNS, at most their pools'); past the presets' 4,000
+    turns the rest goes to code up to its pool's CODE_PROMPTS, then to training minutes. A plan serves chat, MT-Bench
+    and HumanEval; a budget too small for that on this machine serves chat and MT-Bench (HumanEval's serving costs ~5
+    engine starts and their prompts: 4-5 minutes on the slow AVX2 class). A budgeted plan holds out HELDOUT
+    conversations (at least the served prompts); --full the preset's, and its data as it stands (`preset`'s first turns
+    and code sets). `hybrid`: the fit and the hybrid's serving come out of the budget too."""
     args = (budget_min, rates, spent_s, num_prompts, max_tokens, full, hybrid, preset)
     try:
         return _plan(*args, WORKLOADS)
@@ -277,28 +290,38 @@ def _plan(
         }
         return Plan(None, turns, True, 60.0, num_prompts, workloads, stages, hybrid=hybrid)
     heldout = max(HELDOUT, num_prompts)
-    fixed = DATA_S + CODE_READ_S + rates.extract_fixed_s(heldout) + baselines + TRAIN_OVERHEAD_S + EXPORT_S + serve
+    fixed = (
+        DATA_S
+        + CODE_READ_S
+        + DOC_READ_S * (DOC_SHARE > 0)
+        + rates.extract_fixed_s(heldout)
+        + baselines
+        + TRAIN_OVERHEAD_S
+        + EXPORT_S
+        + serve
+    )
     fixed += sum(fit.values())
     left = budget_min * 60 * (1 - MARGIN) - spent_s - fixed  # seconds for extraction + training
     per_token = 1 / rates.extract_tok_s + PASSES / rates.train_tok_s
     held_train_s = PASSES * heldout * HELDOUT_SAMPLE_TOKENS / rates.train_tok_s  # extracted, never trained on
     tokens = (max(0.0, left) + held_train_s) / per_token  # the answer tokens the budget extracts and trains on
-    cap = CODE_PROMPTS * CODE_TOKENS_PER_PROMPT
-    code_tokens = min(CODE_SHARE * tokens, cap, max(0.0, tokens - MIN_TURNS * TOKENS_PER_TURN))
-    turns = min(POOL_TURNS, int((tokens - code_tokens) / TOKENS_PER_TURN))
-    code = min(CODE_PROMPTS, int((tokens - turns * TOKENS_PER_TURN) / CODE_TOKENS_PER_PROMPT))
-    data_tokens = turns * TOKENS_PER_TURN + code * CODE_TOKENS_PER_PROMPT
+    floor = MIN_TURNS * TOKENS_PER_TURN
+    doc_tokens = min(DOC_SHARE * tokens, DOC_PROMPTS * DOC_TOKENS_PER_PROMPT, max(0.0, tokens - floor))
+    code_tokens = min(
+        CODE_SHARE * (tokens - doc_tokens), CODE_PROMPTS * CODE_TOKENS_PER_PROMPT, max(0.0, tokens - floor - doc_tokens)
+    )
+    docs = int(doc_tokens / DOC_TOKENS_PER_PROMPT)
+    turns = min(POOL_TURNS, int((tokens - code_tokens - docs * DOC_TOKENS_PER_PROMPT) / TOKENS_PER_TURN))
+    rest = tokens - turns * TOKENS_PER_TURN - docs * DOC_TOKENS_PER_PROMPT
+    code = min(CODE_PROMPTS, int(rest / CODE_TOKENS_PER_PROMPT))
+    data_tokens = turns * TOKENS_PER_TURN + code * CODE_TOKENS_PER_PROMPT + docs * DOC_TOKENS_PER_PROMPT
     extract = rates.extract_s(data_tokens, heldout)
     train_min = (left - data_tokens / rates.extract_tok_s) / 60  # `left` has extraction's fixed part off
     if turns < MIN_TURNS or train_min < MIN_TRAIN_MINUTES:
-        need = (
-            spent_s
-            + fixed
-            + max(
-                MIN_TURNS * TOKENS_PER_TURN * per_token - held_train_s,
-                MIN_TURNS * TOKENS_PER_TURN / rates.extract_tok_s + MIN_TRAIN_MINUTES * 60,
-            )
-        )
+        # the fewest tokens that give both floors: MIN_TURNS first turns, and MIN_TRAIN_MINUTES of training (a budget
+        # extracts every token it plans, so the minutes' floor is a token count too: PASSES * N / t - held_train_s)
+        least = max(floor, (MIN_TRAIN_MINUTES * 60 + held_train_s) * rates.train_tok_s / PASSES)
+        need = spent_s + fixed + least * per_token - held_train_s
         smallest = math.ceil(need / 60 / (1 - MARGIN))
         raise BudgetTooSmall(
             f"--budget {budget_min:g}: too small to train a useful head on this machine (it would answer "
@@ -307,7 +330,7 @@ def _plan(
         )
     train_min = math.floor(train_min * 10) / 10  # tenths of a minute, never past the budget
     stages = {
-        "data": DATA_S + CODE_READ_S,
+        "data": DATA_S + CODE_READ_S + DOC_READ_S * (docs > 0),
         "extract": extract,
         "baselines": baselines,
         "train": train_min * 60 + TRAIN_OVERHEAD_S,
@@ -316,7 +339,17 @@ def _plan(
         "serve": serve,
     }
     return Plan(
-        budget_min, turns, False, train_min, num_prompts, workloads, stages, heldout, hybrid=hybrid, code_prompts=code
+        budget_min,
+        turns,
+        False,
+        train_min,
+        num_prompts,
+        workloads,
+        stages,
+        heldout,
+        hybrid=hybrid,
+        code_prompts=code,
+        doc_prompts=docs,
     )
 
 

@@ -27,7 +27,9 @@ def print_plan(plan: Plan, rates: Rates, spent: dict[str, float]) -> None:
     if plan.code_sets:
         data += " + the preset's code sets"
     elif plan.code_prompts:
-        data += f" and {plan.code_prompts:,} stdlib code-completion prompts"
+        data += f", {plan.code_prompts:,} stdlib code-completion prompts"
+    if plan.doc_prompts:
+        data += f", {plan.doc_prompts:,} long-document prompts (summarize, answer from a text)"
     print(
         f"plan ({'--full: the preset as measured' if plan.budget_min is None else f'budget {plan.budget_min:g} min'}):"
         f" {data}; {plan.train_minutes:g} training minutes (~{PASSES:g} passes); served on "

@@ -442,7 +442,7 @@ def test_offline_without_a_dir_extracts_once_into_the_cache_then_reuses(tiny_tar
 
     # an MLP speculator on the same samples reads the EAGLE-3 extraction (it holds the final hidden states) and
     # trains exactly as on an extraction of its own, which holds nothing else
-    mlp = ("head=mlp", "head.inner_dim=64", "head.draft_vocab_size=512")
+    mlp = ("head=mlp", "head.inner_dim=64", "head.draft_vocab_size=512", "head.init=random")  # not the preset's output
     out_c, c = run("c", *mlp)
     assert f"features: extracted earlier for eagle3 heads, which store this head's too, {dirs[0]}" in out_c
     assert "extracting" not in out_c and c[-1]["target_tokens"] == 0

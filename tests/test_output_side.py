@@ -26,8 +26,9 @@ def test_frozen_lm_head_keeps_the_targets_rows_and_the_feature_loss_adds_to_the_
     args = lambda name, *extra: overrides(  # noqa: E731
         tiny_target_dir, data_file, tmp_path / name, "optim.max_steps=4", *extra
     )
-    train_in_process(args("trained", "head.init=output"))
-    frozen = train_in_process(args("frozen", "head.init=output", "head.freeze_lm_head=true"))
+    # every key named: the preset sets all three (eagle3_smollm2)
+    train_in_process(args("trained", "head.init=output", "head.freeze_lm_head=false", "head.feature_loss=0"))
+    frozen = train_in_process(args("frozen", "head.init=output", "head.freeze_lm_head=true", "head.feature_loss=0"))
     featured = train_in_process(
         args("featured", "head.init=output", "head.freeze_lm_head=true", "head.feature_loss=1.0")
     )
@@ -48,7 +49,7 @@ def test_frozen_lm_head_keeps_the_targets_rows_and_the_feature_loss_adds_to_the_
 @pytest.mark.parametrize(
     "extra,says",
     [
-        (["head.freeze_lm_head=true"], "head.freeze_lm_head=true with head.init=random"),
+        (["head.init=random", "head.freeze_lm_head=true"], "head.freeze_lm_head=true with head.init=random"),
         (["head.feature_loss=-0.5"], "head.feature_loss=-0.5"),
     ],
 )

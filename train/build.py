@@ -18,7 +18,7 @@ from draftsmith.train.data.dataset import also_entries, overflow, prepare_data
 from draftsmith.train.data.render import special_ids
 from draftsmith.train.data.vocab import build_draft_vocab, vocab_from_d2t
 from draftsmith.train.heads import families
-from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.train.heads.eagle3 import Eagle3Config, Eagle3Head, freeze_output_side
 from draftsmith.train.target import Target, TargetEnds
 
 _PINNED: list[bool] = []  # a training run's decision (pin_fast_bf16): what fast_bf16 answers from then on
@@ -206,8 +206,7 @@ def build_eagle3(cfg, target: Target, vocab) -> Eagle3Head:
     head = Eagle3Head(Eagle3Config.from_run(cfg, target.config, target.aux_layer_ids))
     head.attach_target(target)
     head.set_vocab(vocab.d2t, vocab.t2d)
-    if cfg.get("freeze_lm_head"):  # its rows stay as they start (the optimizer skips frozen parameters)
-        head.lm_head.weight.requires_grad_(False)
+    freeze_output_side(head, cfg)
     if init_dir(cfg):
         return head  # build_head copies head.init_from's weights in
     if cfg.init == "target":

@@ -26,7 +26,7 @@ import torch
 
 from draftsmith.errors import ConfigError
 from draftsmith.train.heads import families
-from draftsmith.train.heads.eagle3 import layer_attr
+from draftsmith.train.heads.eagle3 import freeze_output_side, layer_attr
 
 GiB = 1024**3
 LAYOUTS = {  # what each layout shards over the processes: (params, grads, optimizer state)
@@ -85,6 +85,8 @@ def count_shapes(cfg) -> Shapes:
         aux = list(cfg.target.aux_layer_ids or default_aux_layer_ids(tc.num_hidden_layers))
         family = families.get(cfg.head.family)
         head = family.module(family.config.load().from_run(cfg.head, tc, aux))
+        if "freeze_lm_head" in family.keys:
+            freeze_output_side(head, cfg.head)
     unique = {id(p): p for p in head.parameters()}.values()  # tied stages share parameters
     trainable = sum(p.numel() for p in unique if p.requires_grad)
     frozen = sum(p.numel() for p in unique if not p.requires_grad)

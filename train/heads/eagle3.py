@@ -25,6 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def freeze_output_side(head, head_cfg) -> None:
+    """head.freeze_lm_head: the draft's lm_head rows stay as they start (the optimizer skips frozen parameters)."""
+    if getattr(head_cfg, "freeze_lm_head", False):
+        head.lm_head.weight.requires_grad_(False)
+
+
 def layer_attr(config, name: str):
     """A decoder-layer setting of a target config, or None. Gemma 4's config keeps some per layer and refuses the
     global read (transformers' AmbiguousGlobalPerLayerAttributeError); the value it stores globally is then taken."""

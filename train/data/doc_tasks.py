@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 from draftsmith.errors import DataError
+from draftsmith.train.data.code_prompts import parse_counted
 
 KINDS = ("summarize", "qa")
 # each kind's phrasings, taken in turn (a head should not learn one wording of the instruction)
@@ -49,15 +50,7 @@ MIN_ASCII = 0.97  # English prose: the share of ASCII characters a document hold
 
 def parse_source(path: str) -> tuple[str, int | None]:
     """(KIND, N) of `doctask:KIND[:N]`, with a clear error for anything else."""
-    parts = path.split(":")
-    if parts[0] != "doctask" or len(parts) not in (2, 3) or parts[1] not in KINDS:
-        raise DataError(f"{path}: expected doctask:KIND[:N] with KIND one of {', '.join(KINDS)}")
-    n = None
-    if len(parts) == 3:
-        if not parts[2].isdigit() or int(parts[2]) <= 0:
-            raise DataError(f"{path}: N must be a positive integer, got {parts[2]!r}")
-        n = int(parts[2])
-    return parts[1], n
+    return parse_counted(path, "doctask", KINDS, "KIND")
 
 
 def is_document(text: str) -> bool:
